@@ -1,0 +1,38 @@
+# pyoffcpu: `sudo make demo` and `sudo make test` do every setup step themselves.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# bcc lives in Debian's python3 (python3-bpfcc): the venv is made from it and sees it.
+SYSTEM_PYTHON ?= /usr/bin/python3
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench root clean
+
+root:
+	@[ "$$(id -u)" = 0 ] || { echo "make: pyoffcpu needs root: run 'sudo make $(or $(MAKECMDGOALS),install)'" >&2; exit 1; }
+
+$(VENV)/.installed: pyproject.toml
+	$(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -c 'import bcc, elftools, click' || { echo "make: the venv cannot import bcc (python3-bpfcc)" >&2; exit 1; }
+	touch $@
+
+install: root
+	tools/setup-system.sh
+	@$(MAKE) --no-print-directory $(VENV)/.installed
+	@echo "pyoffcpu installed: $(VENV)/bin/pyoffcpu"
+
+demo: install
+	$(VENV)/bin/pyoffcpu -o demo.svg -- $(PY) tools/demo_app.py 6
+	@echo "open demo.svg in a browser"
+
+test: root
+	tools/setup-system.sh chromium
+	@$(MAKE) --no-print-directory $(VENV)/.installed
+	$(PY) -m pytest -v -rs $(PYTEST_ARGS) tests
+
+bench: install
+	$(PY) tools/bench/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info demo.svg

@@ -1,0 +1,320 @@
+/* pyoffcpu's BPF side, compiled by bcc at load time.
+ *
+ * on_cpu_sample (perf_event cpu-clock) and sched_switch (tracepoint) both
+ * capture one stack_key per event: kernel and user stack ids, and the hash of
+ * the Python stack walked here.  Times are aggregated in `agg`; the loader
+ * drains it.  New Python stacks go to user space once, through pystack_events,
+ * so their code objects are resolved while the target is alive.
+ *
+ * Set by the loader with -D:
+ *   TASK_FSBASE_OFF       offsetof(task_struct, thread.fsbase), from BTF
+ *   PTHREAD_SPECIFIC_OFF  offsetof(struct pthread, specific_1stblock), glibc x86_64
+ *   SAMPLE_PERIOD_NS      on-CPU sampling period
+ *   KERNEL_STACKS         1 to capture kernel stacks
+ *   SYSTEM_WIDE           1 to take every process, not only those in `procs`
+ * Kernel structs are never dereferenced by type: the headers bcc compiles
+ * against are not the running kernel's.
+ */
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
+#include "pyoffcpu.h"
+
+#define PY_MASK (MAX_PY_DEPTH - 1)
+
+BPF_HASH(procs, u32, struct proc_info, 4096);
+BPF_HASH(agg, struct stack_key, struct stack_value, 65536);
+BPF_HASH(offcpu_start, u32, struct offcpu_start, 65536);
+BPF_HASH(pystack_seen, u64, u8, 131072);
+BPF_HASH(thread_names, u32, struct comm_t, 65536);
+BPF_STACK_TRACE(ustacks, 32768);
+BPF_STACK_TRACE(kstacks, 16384);
+BPF_PERCPU_ARRAY(scratch, struct pystack, 2);   /* 0: on-CPU program, 1: sched_switch */
+BPF_PERCPU_ARRAY(drops, u64, N_DROPS);
+BPF_PERF_OUTPUT(pystack_events);
+
+static __always_inline void count_drop(int idx)
+{
+    u64 *v = drops.lookup(&idx);
+    if (v)
+        (*v)++;
+}
+
+static __always_inline u64 read_u64(u64 addr, int *failed)
+{
+    u64 v = 0;
+    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0)
+        *failed = 1;
+    return v;
+}
+
+/* The current thread's PyThreadState, as pthread_getspecific(autoTSSkey)
+ * would return it: the gilstate binding survives while a thread blocks with
+ * the GIL released (3.12+ clear _Py_tss_tstate then; see reference §7). */
+static __always_inline u64 current_tstate(struct proc_info *pi)
+{
+    int key = pi->tss_key;
+    if (key < 0 || key >= 32)       /* only glibc's first block of keys */
+        return 0;
+    u64 task = bpf_get_current_task();
+    u64 fsbase = 0;
+    bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)(task + TASK_FSBASE_OFF));
+    if (!fsbase)
+        return 0;
+    int failed = 0;
+    /* struct pthread_key_data { uintptr_t seq; void *data; } specific_1stblock[32] */
+    return read_u64(fsbase + PTHREAD_SPECIFIC_OFF + key * 16 + 8, &failed);
+}
+
+static __always_inline u64 first_frame(struct proc_info *pi, u64 tstate, int *failed)
+{
+    if (pi->walker == WALK_FRAMEOBJ)
+        return read_u64(tstate + pi->tstate_frame, failed);
+    if (pi->tstate_cframe >= 0) {
+        u64 cframe = read_u64(tstate + pi->tstate_cframe, failed);
+        if (!cframe)
+            return 0;
+        return read_u64(cframe + pi->cframe_current_frame, failed);
+    }
+    return read_u64(tstate + pi->tstate_current_frame, failed);
+}
+
+static __always_inline u64 mix(u64 h, u64 v)
+{
+    h ^= v;
+    h *= 0x100000001b3ULL;          /* FNV-1a style multiply, per 64-bit word */
+    return h ^ (h >> 29);
+}
+
+/* The verifier walks a bounded loop once per iteration, so the loop bodies
+ * below are kept straight: one loop per frame layout, a failed read ends the
+ * walk, and shim frames are recorded like any other (user space drops them by
+ * their owner) so that the frame count never diverges from the iteration count. */
+
+/* <= 3.10: PyFrameObject chain; each frame is one _PyEval_EvalFrameDefault call. */
+static __always_inline u32 walk_frameobj(struct proc_info *pi, struct pystack *st, u64 f)
+{
+    int i;
+    u64 off_code = pi->frame_code, off_back = pi->frame_back, off_lasti = pi->frame_lasti;
+    for (i = 0; i < MAX_PY_DEPTH; i++) {
+        u64 code = 0, back = 0;
+        int lasti = 0;
+        if (!f)
+            break;
+        /* one test for the three reads: fewer branches for the verifier to follow */
+        long err = bpf_probe_read_user(&code, sizeof(code), (void *)(f + off_code));
+        err |= bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(f + off_lasti));
+        err |= bpf_probe_read_user(&back, sizeof(back), (void *)(f + off_back));
+        if (err) {
+            st->flags |= PYS_READ_FAILED;
+            break;
+        }
+        struct py_frame *pf = &st->frames[i & PY_MASK];
+        pf->code = code;
+        pf->offset = lasti;
+        pf->flags = PYF_ENTRY;
+        f = back;
+    }
+    if (f && i >= MAX_PY_DEPTH)
+        st->flags |= PYS_TRUNCATED;
+    return i;
+}
+
+/* 3.11+: _PyInterpreterFrame chain. */
+static __always_inline u32 walk_iframes(struct proc_info *pi, struct pystack *st, u64 f)
+{
+    int i;
+    u64 off_code = pi->iframe_code, off_prev = pi->iframe_previous;
+    u64 off_instr = pi->iframe_instr, off_owner = pi->iframe_owner;
+    /* 3.12+ have no is_entry: read the owner byte twice, and ignore it */
+    u64 off_entry = pi->iframe_is_entry >= 0 ? pi->iframe_is_entry : pi->iframe_owner;
+    u32 entry_flag = pi->walker == WALK_ISENTRY ? PYF_ENTRY : 0;
+    s64 adaptive = pi->code_code_adaptive;
+    for (i = 0; i < MAX_PY_DEPTH; i++) {
+        u64 code = 0, instr = 0, prev = 0;
+        u8 owner = 0, is_entry = 0;
+        if (!f)
+            break;
+        long err = bpf_probe_read_user(&code, sizeof(code), (void *)(f + off_code));
+        err |= bpf_probe_read_user(&instr, sizeof(instr), (void *)(f + off_instr));
+        err |= bpf_probe_read_user(&prev, sizeof(prev), (void *)(f + off_prev));
+        err |= bpf_probe_read_user(&owner, 1, (void *)(f + off_owner));
+        err |= bpf_probe_read_user(&is_entry, 1, (void *)(f + off_entry));
+        if (err) {
+            st->flags |= PYS_READ_FAILED;
+            break;
+        }
+        code &= ~3ULL;              /* 3.14 tags f_executable; code objects are 8-aligned */
+        struct py_frame *pf = &st->frames[i & PY_MASK];
+        pf->code = code;
+        pf->offset = (int)(instr - code - adaptive);
+        pf->flags = owner | (((u32)(is_entry & 1) << 8) & entry_flag);
+        f = prev;
+    }
+    if (f && i >= MAX_PY_DEPTH)
+        st->flags |= PYS_TRUNCATED;
+    return i;
+}
+
+/* Walk the Python frames of the current thread into st; returns the stack's
+ * hash (0: no Python frames). */
+static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st, u32 tgid)
+{
+    st->depth = 0;
+    st->flags = 0;
+    st->tgid = tgid;
+    if (pi->walker == WALK_NONE)
+        return 0;
+    u64 tstate = current_tstate(pi);
+    if (!tstate)
+        return 0;
+    int failed = 0;
+    u64 f = first_frame(pi, tstate, &failed);
+    if (failed) {
+        count_drop(DROP_PY_READ);
+        return 0;
+    }
+    u32 n = pi->walker == WALK_FRAMEOBJ ? walk_frameobj(pi, st, f) : walk_iframes(pi, st, f);
+    if (st->flags & PYS_READ_FAILED)
+        count_drop(DROP_PY_READ);
+    if (st->flags & PYS_TRUNCATED)
+        count_drop(DROP_PY_TRUNCATED);
+    st->depth = n;
+    if (n == 0)
+        return 0;
+    u64 h = 0xcbf29ce484222325ULL ^ tgid;
+    for (int j = 0; j < MAX_PY_DEPTH; j++) {
+        if (j >= n)
+            break;
+        struct py_frame *pf = &st->frames[j & PY_MASK];
+        h = mix(h, pf->code);
+        h = mix(h, ((u64)pf->flags << 32) | (u32)pf->offset);
+    }
+    h = mix(h, st->flags);
+    if (h == 0)
+        h = 1;
+    st->hash = h;
+    return h;
+}
+
+/* Fill key for the current thread; sends a Python stack seen for the first time. */
+static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, u32 tid, int slot)
+{
+    key->tgid = tgid;
+    key->tid = tid;
+    key->ustack = ustacks.get_stackid(ctx, BPF_F_USER_STACK);
+    if (key->ustack < 0)
+        count_drop(DROP_USTACK);
+#if KERNEL_STACKS
+    key->kstack = kstacks.get_stackid(ctx, 0);
+    if (key->kstack < 0)
+        count_drop(DROP_KSTACK);
+#else
+    key->kstack = -1;
+#endif
+    key->pystack = 0;
+    struct proc_info *pi = procs.lookup(&tgid);
+    if (!pi)
+        return;
+    struct pystack *st = scratch.lookup(&slot);
+    if (!st)
+        return;
+    u64 h = walk_python(pi, st, tgid);
+    key->pystack = h;
+    if (!h)
+        return;
+    if (pystack_seen.lookup(&h))
+        return;
+    u8 one = 1;
+    if (pystack_seen.insert(&h, &one) != 0)
+        count_drop(DROP_PYSTACK_FULL);
+    pystack_events.perf_submit(ctx, st, sizeof(*st));
+}
+
+static __always_inline int is_target(u32 tgid)
+{
+#if SYSTEM_WIDE
+    return 1;
+#else
+    return procs.lookup(&tgid) != 0;
+#endif
+}
+
+static __always_inline void add_time(struct stack_key *key, u64 ns)
+{
+    struct stack_value zero = {};
+    struct stack_value *v = agg.lookup_or_try_init(key, &zero);
+    if (!v) {
+        count_drop(DROP_AGG_FULL);
+        return;
+    }
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->ns, ns);
+}
+
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (tid == 0 || !is_target(tgid))
+        return 0;
+    struct stack_key key = {};
+    capture(ctx, &key, tgid, tid, 0);
+    key.kind = KIND_ONCPU;
+    add_time(&key, SAMPLE_PERIOD_NS);
+    if (!thread_names.lookup(&tid)) {
+        struct comm_t name = {};
+        bpf_get_current_comm(&name.c, sizeof(name.c));
+        thread_names.insert(&tid, &name);
+    }
+    return 0;
+}
+
+static __always_inline u32 off_cpu_kind(long state)
+{
+    /* sched_switch reports a preempted task as TASK_REPORT_MAX (0x100) */
+    if (state & 0x100)
+        return KIND_RUNQUEUE;
+    switch (state & 0xff) {
+    case 0: return KIND_RUNQUEUE;
+    case 1: return KIND_SLEEP;
+    case 2: return KIND_UNINTERRUPTIBLE;
+    case 0x80: return KIND_SLEEP;   /* TASK_IDLE */
+    default: return KIND_OTHER;
+    }
+}
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 next = args->next_pid;
+
+    /* Switch-in: close the interval the thread has been off the CPU. */
+    if (next != 0) {
+        struct offcpu_start *st = offcpu_start.lookup(&next);
+        if (st) {
+            struct stack_key key = st->key;
+            u64 ns = now - st->ts;
+            offcpu_start.delete(&next);
+            add_time(&key, ns);
+        }
+    }
+
+    /* Switch-out: prev is still current, so its stacks are ours to take. */
+    u32 prev = args->prev_pid;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (prev == 0 || (u32)id != prev || !is_target(tgid))
+        return 0;
+    if (args->prev_state & 0x30)    /* X or Z: the thread is exiting, it will not come back */
+        return 0;
+    struct offcpu_start st = {};
+    capture(args, &st.key, tgid, prev, 1);
+    st.key.kind = off_cpu_kind(args->prev_state);
+    st.ts = now;
+    if (offcpu_start.update(&prev, &st) != 0)
+        count_drop(DROP_START_FULL);
+    struct comm_t name = {};
+    bpf_probe_read_kernel(&name.c, sizeof(name.c), args->prev_comm);
+    thread_names.update(&prev, &name);
+    return 0;
+}

@@ -1,0 +1,180 @@
+"""Command line: `pyoffcpu [record] -p PID | -- CMD...`."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import List, Optional
+
+import click
+
+from . import __version__
+from .platform import ProfilerError
+
+RECORD_EPILOG = """\b
+Examples:
+  sudo pyoffcpu -p 4242                  # wall-clock profile until Ctrl-C -> SVG
+  sudo pyoffcpu -p 4242 -d 30 -o train.json      # 30 s, speedscope file
+  sudo pyoffcpu -o boot.svg -- python3 app.py    # launch and profile to the end
+  sudo pyoffcpu -p 4242 --mode off -o wait.folded  # blocked time only, folded text
+  sudo pyoffcpu -p 4242 --mode cpu -F 499 --kernel # on-CPU only, with kernel frames
+
+\b
+Output format follows the extension: .svg flame graph, .json speedscope,
+.folded/.txt collapsed stacks (weights in microseconds); --format overrides.
+Ctrl-C, SIGTERM, -d running out and the target exiting all write the profile.
+"""
+
+
+class DefaultToRecord(click.Group):
+    """`pyoffcpu -p 1` means `pyoffcpu record -p 1`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["record"] + list(args)
+        elif not args:
+            args = ["record"]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultToRecord, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pyoffcpu")
+def main():
+    """pyoffcpu: wall-clock profiles of Python processes from eBPF.
+
+    On-CPU time is sampled with a perf event, off-CPU time is measured exactly at
+    every context switch; Python frames are walked in BPF and interleaved with
+    the native frames. Without a command, `record` is assumed:
+
+    \b
+      sudo pyoffcpu -p PID [-d SECONDS] [-o OUT.svg]
+      sudo pyoffcpu [-o OUT.svg] -- python3 app.py
+    """
+
+
+def fail(msg: str, todo: str = "", code: int = 1):
+    click.echo(ProfilerError(msg, todo).line(), err=True)
+    sys.exit(code)
+
+
+@main.command(epilog=RECORD_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
+              help="Process to profile (all its threads). Repeat for several.")
+@click.option("-d", "--duration", type=click.FloatRange(min=0.01), default=None,
+              help="Seconds to record (default: until Ctrl-C or the target exits).")
+@click.option("-F", "--frequency", type=click.IntRange(1, 10000), default=99, show_default=True,
+              help="On-CPU samples per second per CPU.")
+@click.option("--mode", type=click.Choice(["wall", "cpu", "off"]), default="wall", show_default=True,
+              help="wall: on- and off-CPU time; cpu: on-CPU only; off: blocked time only.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Output file [default: pyoffcpu-<pid>-<YYYYmmdd-HHMMSS>.svg].")
+@click.option("--format", "fmt", type=click.Choice(["svg", "speedscope", "folded"]), default=None,
+              help="Output format (default: from the extension).")
+@click.option("--kernel", is_flag=True, help="Include kernel frames (suffix _[k]).")
+@click.option("--no-threads", is_flag=True, help="Merge all threads (no `thread` root frames).")
+@click.option("--full-paths", is_flag=True, help="Full source paths instead of sys.path-relative ones.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def record(pids, duration, frequency, mode, output, fmt, kernel, no_threads, full_paths, command):
+    """Record a wall-clock profile of a process (-p) or of a command (-- CMD)."""
+    from .export import check_writable, format_for_path
+
+    if bool(pids) == bool(command):
+        raise click.UsageError("give either -p PID or a command after --")
+    for pid in pids:
+        if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+            fail(f"no such process: {pid}", "check the PID with `ps`")
+    if output is not None:
+        if fmt is None:
+            try:
+                fmt = format_for_path(output)
+            except ValueError as e:
+                raise click.UsageError(str(e))
+        try:
+            check_writable(output)
+        except OSError as e:
+            fail(f"cannot write {output}: {e.strerror or e}", "choose another -o path")
+    else:
+        fmt = fmt or "svg"
+        try:
+            check_writable(os.path.join(os.getcwd(), "pyoffcpu-probe.svg"))
+        except OSError as e:
+            fail(f"cannot write to the current directory: {e.strerror or e}", "give -o PATH")
+
+    from .session import Options
+    opts = Options(pids=list(pids), command=list(command), duration=duration,
+                   frequency=frequency, mode=mode, kernel=kernel)
+    try:
+        _record(opts, output, fmt, not no_threads, full_paths)
+    except ProfilerError as e:
+        click.echo(e.line(), err=True)
+        sys.exit(1)
+
+
+def _status_line(rec, elapsed: float):
+    samples, blocked = rec.totals()
+    dur = rec.options.duration
+    drops = sum(rec.drops.values())
+    when = f"{elapsed:5.1f}s" + (f"/{dur:g}s" if dur else "")
+    sys.stderr.write(f"\rpyoffcpu: {when}  samples {samples}  blocked {blocked / 1e9:.2f}s  drops {drops}   ")
+    sys.stderr.flush()
+
+
+def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bool):
+    from . import platform as plat
+    from .export import write_profile
+    from .session import Session
+    from .summary import render_summary
+
+    platform = plat.probe()
+    session = Session(opts, platform, status=_status_line if sys.stderr.isatty() else None)
+
+    def on_signal(signum, frame):
+        session.request_stop(signal.Signals(signum).name)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    target = f"pid {opts.pids[0]}" if opts.pids else " ".join(opts.command)
+    click.echo(f"pyoffcpu: recording {target} ({opts.mode} mode, {opts.frequency} Hz"
+               + (f", {opts.duration:g} s" if opts.duration else ", Ctrl-C to stop") + ")", err=True)
+    rec = session.run()
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    for notice in rec.notices:
+        click.echo(f"pyoffcpu: notice: {notice}", err=True)
+
+    from . import symbols
+    from .merge import build_profile
+    ksyms = symbols.KernelSymbols.load() if opts.kernel else None
+    prof, stats = build_profile(rec, symbols.Symbolizer(), ksyms)
+    main_pid = opts.pids[0] if opts.pids else (min(rec.comms) if rec.comms else 0)
+    if output is None:
+        output = f"pyoffcpu-{main_pid}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(rec.start_time))}.svg"
+    comm = rec.comms.get(main_pid, "")
+    title = (f"pyoffcpu: {prof.meta.target} {comm} — {opts.mode} mode, "
+             f"{rec.duration_s:.1f} s, {opts.frequency} Hz")
+    try:
+        write_profile(prof, output, fmt, threads=threads, full_paths=full_paths, title=title)
+    except OSError as e:
+        raise ProfilerError(f"cannot write {output}: {e.strerror or e}", "choose another -o path")
+
+    samples, blocked = rec.totals()
+    py = f", CPython {prof.meta.python_version}" if prof.meta.python_version else ""
+    click.echo(f"pyoffcpu: recorded {rec.duration_s:.1f} s of {prof.meta.target} ({comm}{py}): "
+               f"{samples} samples, {blocked / 1e9:.2f} s off-CPU", err=True)
+    drops = {k: v for k, v in rec.drops.items() if v}
+    if drops:
+        click.echo("pyoffcpu: drops: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())), err=True)
+    else:
+        click.echo("pyoffcpu: drops: none", err=True)
+    if stats.python_ns:
+        click.echo(f"pyoffcpu: native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
+                   "of the Python time (native frames above the interpreter only)", err=True)
+    click.echo(render_summary(prof), err=True)
+    click.echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)
+    if rec.exit_status not in (None, 0):
+        click.echo(f"pyoffcpu: the command exited with status {rec.exit_status}", err=True)
+
+
+if __name__ == "__main__":
+    main()

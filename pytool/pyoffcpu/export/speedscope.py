@@ -1,0 +1,100 @@
+"""speedscope JSON (https://www.speedscope.app/file-format-schema.json).
+
+One "sampled" profile per thread (or per process with threads=False), weights
+in nanoseconds.  The process/thread root frames of the folded contract become
+the profile's name instead of frames; the `[off-cpu]` marker stays as the leaf
+frame of off-CPU samples.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Dict, List, Tuple
+
+from ..profile import FrameKind, Profile
+
+SCHEMA = "https://www.speedscope.app/file-format-schema.json"
+EXPORTER = "pyoffcpu"
+
+_PROC = re.compile(r"^process (\d+)(?: |$)")
+_THREAD = re.compile(r"^thread (\d+)(?: |$)")
+_PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*):(?P<line>\d+|\?)\)$")
+
+
+def _frame_json(label: str, kind: FrameKind) -> dict:
+    if kind is FrameKind.PYTHON:
+        m = _PY.match(label)
+        if m:
+            fr = {"name": m.group("name"), "file": m.group("file")}
+            if m.group("line") != "?":
+                fr["line"] = int(m.group("line"))
+            return fr
+    return {"name": label}
+
+
+def speedscope_document(profile: Profile, threads: bool = True,
+                        full_paths: bool = False, name: str = "") -> dict:
+    frame_index: Dict[Tuple[str, FrameKind], int] = {}
+    frames: List[dict] = []
+    # (pid, tid or None) -> {tuple of frame indexes: ns}
+    groups: Dict[Tuple[int, object], Dict[Tuple[int, ...], int]] = {}
+
+    n_roots = 2 if threads else 1
+    for stack, ns, _on_cpu in profile.labelled_stacks(threads=threads, full_paths=full_paths):
+        m = _PROC.match(stack[0][0])
+        pid = int(m.group(1)) if m else 0
+        tid = None
+        if threads:
+            m = _THREAD.match(stack[1][0])
+            tid = int(m.group(1)) if m else pid
+        idx = []
+        for fr in stack[n_roots:]:
+            i = frame_index.get(fr)
+            if i is None:
+                i = frame_index[fr] = len(frames)
+                frames.append(_frame_json(*fr))
+            idx.append(i)
+        samples = groups.setdefault((pid, tid), {})
+        key = tuple(idx)
+        samples[key] = samples.get(key, 0) + ns
+
+    profiles = []
+    for (pid, tid) in sorted(groups, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
+        comm = profile.processes.get(pid, "?")
+        if tid is None:
+            pname = f"{comm} (pid {pid})"
+        else:
+            pname = f"{profile.threads.get(tid, '?')} (tid {tid}) in {comm} (pid {pid})"
+        samples = groups[(pid, tid)]
+        order = list(samples)      # insertion order follows labelled_stacks' sorted order
+        weights = [samples[s] for s in order]
+        profiles.append({
+            "type": "sampled",
+            "name": pname,
+            "unit": "nanoseconds",
+            "startValue": 0,
+            "endValue": sum(weights),
+            "samples": [list(s) for s in order],
+            "weights": weights,
+        })
+
+    return {
+        "$schema": SCHEMA,
+        "version": "0.0.1",
+        "exporter": EXPORTER,
+        "name": name or _default_name(profile),
+        "activeProfileIndex": 0,
+        "shared": {"frames": frames},
+        "profiles": profiles,
+    }
+
+
+def _default_name(profile: Profile) -> str:
+    meta = profile.meta
+    target = meta.target or ", ".join(f"pid {p} {c}" for p, c in sorted(profile.processes.items()))
+    return f"pyoffcpu: {target} ({meta.mode} mode)" if target else f"pyoffcpu ({meta.mode} mode)"
+
+
+def render_speedscope(profile: Profile, threads: bool = True, full_paths: bool = False) -> str:
+    doc = speedscope_document(profile, threads=threads, full_paths=full_paths)
+    return json.dumps(doc, ensure_ascii=True, separators=(",", ":")) + "\n"

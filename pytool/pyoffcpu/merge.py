@@ -1,0 +1,202 @@
+"""Merger: turns a Recording (stack ids, Python stack hashes) into a Profile of
+frames, interleaving Python frames with the native frames beneath them.
+
+Each native `_PyEval_EvalFrameDefault` frame is replaced by its group of Python
+frames (groups are cut at entry frames, see cpython-frames.md §2.3).  When the
+native stack does not hold one eval frame per group (frame-pointer stacks of a
+libpython built without them), fall back to the Python frames followed by the
+trustworthy native leaf frames, and count the fallback.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from . import profile as P
+from .session import KINDS, PYF_ENTRY, PYS_TRUNCATED, Recording
+
+EVAL_FRAME = "_PyEval_EvalFrameDefault"
+OWNER_GENERATOR = 1
+
+
+@dataclass
+class MergeStats:
+    python_ns: int = 0          # weight of stacks with Python frames
+    matched_ns: int = 0         # ... whose native stack matched group for group
+    fallback_ns: int = 0        # ... merged by the fallback
+    fallback_stacks: int = 0
+    unknown_code: int = 0       # code objects that could not be read
+
+    def as_dict(self) -> Dict[str, float]:
+        share = (self.fallback_ns / self.python_ns) if self.python_ns else 0.0
+        return {"fallback_stacks": self.fallback_stacks, "fallback_share": round(share, 4)}
+
+
+@dataclass
+class NativeFrame:
+    frame: P.Frame
+    module: Optional[str]
+    resolved: bool
+
+    @property
+    def is_eval(self) -> bool:
+        return self.frame.name == EVAL_FRAME
+
+
+UNMAPPED_PC = NativeFrame(P.native_frame("[unknown]"), None, False)
+
+
+class Merger:
+    def __init__(self, rec: Recording, symbolizer, kernel_symbols=None):
+        self.rec = rec
+        self.sym = symbolizer
+        self.ksym = kernel_symbols
+        self.stats = MergeStats()
+        self._native_cache: Dict[Tuple[int, int], NativeFrame] = {}
+        self._py_cache: Dict[int, Tuple[List[List[P.Frame]], bool]] = {}
+
+    # -- native ---------------------------------------------------------------
+    def native_frame(self, pid: int, addr: int) -> Optional[NativeFrame]:
+        """The frame at addr; None when no mapping holds addr (an unwinding
+        artefact: no code ever returns there)."""
+        key = (pid, addr)
+        if key in self._native_cache:
+            return self._native_cache[key]
+        space = self.rec.spaces.get(pid)
+        if space is None or space.find(addr) is None:
+            nf = None
+        else:
+            sym = self.sym.resolve_user(pid, addr, space)
+            nf = NativeFrame(P.native_frame(self.sym.frame_name(sym), sym.module),
+                             sym.module, sym.name is not None)
+        self._native_cache[key] = nf
+        return nf
+
+    def kernel_frames(self, kstack: int) -> List[P.Frame]:
+        if self.ksym is None:
+            return []
+        return [P.kernel_frame(self.ksym.resolve(a) or "[unknown]")
+                for a in self.rec.kstacks.get(kstack, [])]
+
+    # -- Python -----------------------------------------------------------------
+    def python_groups(self, pyhash: int) -> Tuple[List[List[P.Frame]], bool]:
+        """Groups of Python frames, innermost group first, frames innermost first."""
+        cached = self._py_cache.get(pyhash)
+        if cached is not None:
+            return cached
+        st = self.rec.pystacks.get(pyhash)
+        if st is None:
+            result: Tuple[List[List[P.Frame]], bool] = ([], False)
+            self._py_cache[pyhash] = result
+            return result
+        py = self.rec.pythons.get(st.tgid)
+        minor = py.minor if py else (3, 11)
+        groups: List[List[P.Frame]] = []
+        group: List[P.Frame] = []
+        for code, offset, flags in st.frames:
+            frame = self._python_frame(st.tgid, minor, code, offset, flags)
+            if frame is not None:
+                group.append(frame)
+            if flags & PYF_ENTRY and group:
+                groups.append(group)
+                group = []
+        if group:
+            groups.append(group)
+        result = (groups, bool(st.flags & PYS_TRUNCATED))
+        self._py_cache[pyhash] = result
+        return result
+
+    def _python_frame(self, tgid, minor, code, offset, flags) -> Optional[P.Frame]:
+        info = self.rec.code.get((tgid, code))
+        if info is None:
+            self.stats.unknown_code += 1
+            return P.python_frame(f"[unknown code {code:#x}]", "?", None)
+        if minor >= (3, 11):
+            owner = flags & 0xff
+            # CPython hides frames that have not started yet; so do we (this also
+            # hides 3.13's _Py_InitCleanup shim). cpython-frames.md §2.3.
+            if owner != OWNER_GENERATOR and offset < 2 * info.firsttraceable:
+                return None
+            byte_offset = offset
+        elif minor == (3, 10):
+            byte_offset = 2 * offset if offset >= 0 else -1
+        else:
+            byte_offset = offset
+        return P.python_frame(info.name, info.filename, info.line_for(minor, byte_offset))
+
+    # -- one stack ----------------------------------------------------------------
+    def frames_for(self, tgid, ustack, kstack, pyhash, ns) -> Tuple[P.Frame, ...]:
+        native: List[NativeFrame] = []
+        for i, addr in enumerate(self.rec.ustacks.get(ustack, [])):
+            nf = self.native_frame(tgid, addr)
+            if nf is None and i == 0:
+                nf = UNMAPPED_PC        # the sampled PC itself: keep it visible
+            if nf is not None:
+                native.append(nf)
+        groups, truncated = self.python_groups(pyhash) if pyhash else ([], False)
+        if groups:
+            self.stats.python_ns += ns
+            interp = self.rec.pythons[tgid].binary if tgid in self.rec.pythons else None
+            leaf_first = self._interleave(native, groups, interp, ns)
+        else:
+            leaf_first = [nf.frame for nf in native]
+        root_first = leaf_first[::-1]
+        if truncated:
+            root_first.insert(0, P.TRUNCATED)
+        if kstack >= 0:
+            root_first.extend(reversed(self.kernel_frames(kstack)))
+        return tuple(root_first)
+
+    def _interleave(self, native: List[NativeFrame], groups, interp, ns) -> List[P.Frame]:
+        evals = [i for i, nf in enumerate(native) if nf.is_eval]
+        if len(evals) == len(groups):
+            self.stats.matched_ns += ns
+            out: List[P.Frame] = []
+            k = 0
+            for i, nf in enumerate(native):
+                if nf.is_eval:
+                    out.extend(groups[k])
+                    k += 1
+                elif i < evals[0] or not _same_file(nf.module, interp):
+                    # Leaf-side frames are what the code is doing (take_gil, a
+                    # syscall); between and below eval frames only non-interpreter
+                    # frames (C extensions, libc) are kept: the rest is plumbing.
+                    out.append(nf.frame)
+            return out
+        self.stats.fallback_ns += ns
+        self.stats.fallback_stacks += 1
+        if evals:
+            leaf = [nf.frame for nf in native[:evals[0]]]
+        else:
+            # Without a matching stack only the sampled PC itself is trustworthy:
+            # frame-pointer unwinding through code built without them is garbage.
+            leaf = [native[0].frame] if native else []
+        return leaf + [f for g in groups for f in g]
+
+
+def _same_file(a: Optional[str], b: Optional[str]) -> bool:
+    return a is not None and b is not None and (a == b or a.endswith(b) or b.endswith(a))
+
+
+def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Profile, MergeStats]:
+    o = rec.options
+    meta = P.Metadata(
+        mode=o.mode, frequency_hz=o.frequency, start_time=rec.start_time,
+        duration_s=rec.duration_s, drops=dict(rec.drops), notices=list(rec.notices))
+    if o.command:
+        meta.target = "command: " + " ".join(o.command)
+    elif o.system_wide:
+        meta.target = "system-wide"
+    else:
+        meta.target = "pid " + ", ".join(str(p) for p in o.pids)
+    versions = sorted({py.version_str for py in rec.pythons.values()})
+    meta.python_version = ", ".join(versions)
+    meta.command_line = "; ".join(rec.cmdlines.get(p, "") for p in sorted(rec.cmdlines))
+    prof = P.Profile(meta)
+    merger = Merger(rec, symbolizer, kernel_symbols)
+    for (tgid, tid, us, ks, ph, kind), (count, ns) in rec.stacks.items():
+        frames = merger.frames_for(tgid, us, ks, ph, ns)
+        prof.add(P.StackKey(tgid, tid, frames, KINDS.get(kind, "other")), ns, count)
+        prof.processes.setdefault(tgid, rec.comms.get(tgid, "?"))
+        prof.threads.setdefault(tid, rec.thread_names.get(tid, "?"))
+    return prof, merger.stats

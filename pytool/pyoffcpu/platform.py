@@ -1,0 +1,86 @@
+"""What the running machine offers, checked before anything is loaded: root or
+CAP_BPF+CAP_PERFMON, BTF, tracefs, and the kernel/glibc offsets BPF needs."""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+
+BTF_PATH = "/sys/kernel/btf/vmlinux"
+TRACEFS = "/sys/kernel/tracing"
+CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
+
+# offsetof(struct pthread, specific_1stblock) in glibc 2.36 x86_64, measured on
+# this machine (tools/check_glibc_offsets.py): pthread_getspecific(key) for
+# key < 32 reads *(fs_base + 0x310 + key*16 + 8).
+GLIBC_PTHREAD_SPECIFIC = 0x310
+
+
+class ProfilerError(Exception):
+    """An error the user can act on: printed as one line, exit 1."""
+
+    def __init__(self, what: str, todo: str = ""):
+        super().__init__(what)
+        self.what = what
+        self.todo = todo
+
+    def line(self) -> str:
+        return f"pyoffcpu: error: {self.what}" + (f" ({self.todo})" if self.todo else "")
+
+
+def _effective_caps() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def check_privileges() -> None:
+    if os.geteuid() == 0:
+        return
+    caps = _effective_caps()
+    if caps & (1 << CAP_SYS_ADMIN) or (caps & (1 << CAP_BPF) and caps & (1 << CAP_PERFMON)):
+        return
+    raise ProfilerError("pyoffcpu needs root (or CAP_BPF and CAP_PERFMON)",
+                        "run it with sudo")
+
+
+def ensure_tracefs() -> None:
+    if os.path.exists(os.path.join(TRACEFS, "events")):
+        return
+    try:
+        subprocess.run(["mount", "-t", "tracefs", "tracefs", TRACEFS], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.CalledProcessError):
+        raise ProfilerError(f"tracefs is not mounted at {TRACEFS} and mounting it failed",
+                            f"mount -t tracefs tracefs {TRACEFS}") from None
+    if not os.path.exists(os.path.join(TRACEFS, "events", "sched", "sched_switch")):
+        raise ProfilerError("the sched_switch tracepoint is missing",
+                            "pyoffcpu needs a kernel with scheduler tracepoints")
+
+
+@dataclass
+class Platform:
+    task_fsbase_offset: int
+    pthread_specific_offset: int = GLIBC_PTHREAD_SPECIFIC
+
+
+def probe() -> Platform:
+    """Every check that needs no BPF load; raises ProfilerError."""
+    check_privileges()
+    if not os.path.exists("/sys/fs/bpf") and not os.path.exists("/proc/sys/kernel/bpf_stats_enabled"):
+        raise ProfilerError("this kernel has no BPF support", "pyoffcpu needs Linux >= 5.8 with BPF")
+    if not os.path.exists(BTF_PATH):
+        raise ProfilerError(f"no kernel BTF at {BTF_PATH}", "pyoffcpu needs a kernel built with CONFIG_DEBUG_INFO_BTF")
+    from .btf import Btf, BtfError
+    try:
+        off = Btf.load(BTF_PATH).member_offset("task_struct", "thread.fsbase")
+    except (BtfError, OSError) as e:
+        raise ProfilerError(f"cannot read task_struct.thread.fsbase from BTF: {e}",
+                            "x86_64 kernels with BTF only") from None
+    ensure_tracefs()
+    return Platform(task_fsbase_offset=off)

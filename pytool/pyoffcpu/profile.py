@@ -1,0 +1,220 @@
+"""The one in-memory profile every exporter reads.
+
+A Profile holds, per process and thread, stacks of frames (root first) with a
+weight in nanoseconds of wall time and the kind of time: on-CPU, or off-CPU
+with a reason.  Exporters read a Profile and nothing else; `from_folded`
+rebuilds one from folded text so exporters and tests can start from text.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Tuple
+
+
+class FrameKind(enum.Enum):
+    PYTHON = "python"
+    NATIVE = "native"
+    KERNEL = "kernel"
+    MARKER = "marker"       # [off-cpu], [truncated]
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: FrameKind
+    name: str                       # qualname / symbol / marker text
+    file: Optional[str] = None      # Python source file (full path)
+    line: Optional[int] = None      # Python line number
+    module: Optional[str] = None    # native: object file path
+
+    def label(self, full_paths: bool = False, short_file=None) -> str:
+        """The frame as the folded format writes it (see DESIGN.md)."""
+        if self.kind is FrameKind.PYTHON:
+            f = self.file or "?"
+            if not full_paths and short_file is not None:
+                f = short_file(f)
+            line = self.line if self.line is not None and self.line >= 0 else "?"
+            return f"{self.name} ({f}:{line})"
+        if self.kind is FrameKind.KERNEL:
+            return f"{self.name}_[k]"
+        return self.name
+
+
+def python_frame(name, file, line) -> Frame:
+    return Frame(FrameKind.PYTHON, name, file, line)
+
+
+def native_frame(name, module=None) -> Frame:
+    return Frame(FrameKind.NATIVE, name, module=module)
+
+
+def kernel_frame(name) -> Frame:
+    return Frame(FrameKind.KERNEL, name)
+
+
+TRUNCATED = Frame(FrameKind.MARKER, "[truncated]")
+
+# Why a thread was off the CPU, from sched_switch's prev_state.
+OFF_SLEEP = "sleep"              # S: waiting for an event (sleep, lock, I/O readiness)
+OFF_RUNQUEUE = "runqueue"        # R: preempted, runnable, waiting for a CPU
+OFF_UNINTERRUPTIBLE = "uninterruptible"   # D: usually disk I/O or page faults
+OFF_OTHER = "other"
+
+
+def off_cpu_marker(reason: str) -> Frame:
+    """`[off-cpu]` for plain blocking; the reason where it tells more."""
+    if reason == OFF_SLEEP:
+        return Frame(FrameKind.MARKER, "[off-cpu]")
+    return Frame(FrameKind.MARKER, f"[off-cpu: {reason}]")
+
+
+@dataclass(frozen=True)
+class StackKey:
+    pid: int
+    tid: int
+    frames: Tuple[Frame, ...]          # root first, without process/thread roots or markers
+    off_cpu: Optional[str] = None      # None: on-CPU; else the off-CPU reason
+
+
+@dataclass
+class Metadata:
+    target: str = ""                  # "pid 4242" / "command: python3 app.py" / "system-wide"
+    command_line: str = ""
+    python_version: str = ""          # e.g. "3.11.7"
+    mode: str = "wall"
+    start_time: float = 0.0           # unix seconds
+    duration_s: float = 0.0
+    frequency_hz: int = 99
+    drops: Dict[str, int] = field(default_factory=dict)
+    notices: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Profile:
+    meta: Metadata = field(default_factory=Metadata)
+    processes: Dict[int, str] = field(default_factory=dict)     # pid -> comm
+    threads: Dict[int, str] = field(default_factory=dict)       # tid -> thread name
+    thread_pid: Dict[int, int] = field(default_factory=dict)    # tid -> pid
+    weights: Dict[StackKey, int] = field(default_factory=dict)  # ns
+    sample_counts: Dict[StackKey, int] = field(default_factory=dict)  # events behind each weight
+
+    def add(self, key: StackKey, ns: int, count: int = 1) -> None:
+        if ns <= 0:
+            return
+        self.weights[key] = self.weights.get(key, 0) + ns
+        self.sample_counts[key] = self.sample_counts.get(key, 0) + count
+        self.thread_pid.setdefault(key.tid, key.pid)
+
+    def total_ns(self, tid: Optional[int] = None, on_cpu: Optional[bool] = None) -> int:
+        total = 0
+        for key, ns in self.weights.items():
+            if tid is not None and key.tid != tid:
+                continue
+            if on_cpu is not None and (key.off_cpu is None) != on_cpu:
+                continue
+            total += ns
+        return total
+
+    def filtered(self, keep_on_cpu: bool, keep_off_cpu: bool) -> "Profile":
+        out = Profile(self.meta, dict(self.processes), dict(self.threads), dict(self.thread_pid))
+        for key, ns in self.weights.items():
+            if (key.off_cpu is None and keep_on_cpu) or (key.off_cpu is not None and keep_off_cpu):
+                out.add(key, ns, self.sample_counts.get(key, 1))
+        return out
+
+    # -- the stacks as exporters print them ---------------------------------
+    def labelled_stacks(self, threads: bool = True, full_paths: bool = False,
+                        ) -> Iterator[Tuple[List[Tuple[str, FrameKind]], int, bool]]:
+        """Yield (frames root first as (label, kind), weight ns, on_cpu) with the
+        process/thread roots and the off-CPU marker added: the folded contract."""
+        short = PathShortener() if not full_paths else None
+        for key, ns in sorted(self.weights.items(), key=_sort_key):
+            comm = self.processes.get(key.pid, "?")
+            out = [(f"process {key.pid} {comm}", FrameKind.MARKER)]
+            if threads:
+                out.append((f"thread {key.tid} {self.threads.get(key.tid, '?')}", FrameKind.MARKER))
+            for fr in key.frames:
+                out.append((fr.label(full_paths, short), fr.kind))
+            if key.off_cpu is not None:
+                m = off_cpu_marker(key.off_cpu)
+                out.append((m.name, m.kind))
+            yield out, ns, key.off_cpu is None
+
+
+def _sort_key(item):
+    key, _ = item
+    return (key.pid, key.tid, key.off_cpu or "", [f.label(True) for f in key.frames])
+
+
+class PathShortener:
+    """Shortens a Python source path relative to the sys.path-like root it lives
+    under (site-packages, lib/pythonX.Y, the current directory)."""
+    _ROOT = re.compile(r".*/(?:site-packages|dist-packages|lib/python\d\.\d+)/")
+
+    def __init__(self, cwd: Optional[str] = None):
+        self.cwd = (cwd or os.getcwd()).rstrip("/") + "/"
+        self.cache: Dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        s = self.cache.get(path)
+        if s is None:
+            s = self._ROOT.sub("", path, count=1)
+            if s == path and path.startswith(self.cwd):
+                s = path[len(self.cwd):]
+            self.cache[path] = s
+        return s
+
+
+# -- folded text back into a Profile ----------------------------------------
+_PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*):(?P<line>\d+|\?)\)$")
+_PROC = re.compile(r"^process (\d+) ?(.*)$")
+_THREAD = re.compile(r"^thread (\d+) ?(.*)$")
+_OFF = re.compile(r"^\[off-cpu(?:: (?P<reason>[^\]]+))?\]$")
+
+
+def parse_frame(label: str) -> Frame:
+    if label.endswith("_[k]"):
+        return kernel_frame(label[:-4])
+    if label == TRUNCATED.name:
+        return TRUNCATED
+    m = _PY.match(label)
+    if m:
+        line = m.group("line")
+        return python_frame(m.group("name"), m.group("file"), int(line) if line != "?" else None)
+    return native_frame(label)
+
+
+def from_folded(text: str) -> Profile:
+    """Rebuild a Profile from folded lines (weights in microseconds)."""
+    prof = Profile()
+    for n, raw in enumerate(text.splitlines(), 1):
+        raw = raw.strip()
+        if not raw:
+            continue
+        stack, _, weight = raw.rpartition(" ")
+        if not stack or not weight.isdigit():
+            raise ValueError(f"line {n}: not a folded stack: {raw[:80]!r}")
+        labels = stack.split(";")
+        pid = tid = 0
+        m = _PROC.match(labels[0])
+        if m:
+            pid = int(m.group(1))
+            prof.processes[pid] = m.group(2)
+            labels = labels[1:]
+        if labels:
+            m = _THREAD.match(labels[0])
+            if m:
+                tid = int(m.group(1))
+                prof.threads[tid] = m.group(2)
+                labels = labels[1:]
+        off = None
+        if labels:
+            m = _OFF.match(labels[-1])
+            if m:
+                off = m.group("reason") or OFF_SLEEP
+                labels = labels[:-1]
+        key = StackKey(pid, tid or pid, tuple(parse_frame(lb) for lb in labels), off)
+        prof.add(key, int(weight) * 1000)
+    return prof

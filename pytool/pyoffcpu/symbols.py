@@ -1,0 +1,785 @@
+"""Native symbolization: process maps, ELF function symbols, kallsyms.
+
+Pieces, in the order a user address flows through them:
+
+* ``read_maps`` / ``Mapping`` / ``AddressSpace``: which object file an
+  address of a process belongs to (snapshots are merged, so a process that
+  has exited can still be symbolized from what was seen of it).
+* ``ElfSymbols``: one ELF file's function symbols (from ``.symtab`` /
+  ``.dynsym``, or a separate debug file), its PT_LOAD segments and build-id.
+* ``Symbolizer``: ties both together, caches per file, demangles C++ names
+  in batches through ``c++filt``, and resolves kernel addresses through
+  ``KernelSymbols`` (``/proc/kallsyms``).
+* ``find_symbol_address`` / ``runtime_address``: locate a data symbol such as
+  ``_PyRuntime`` in a running process.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import shutil
+import struct
+import subprocess
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+__all__ = [
+    "AddressSpace", "ElfSymbols", "KernelSymbols", "LoadSegment", "Mapping",
+    "NativeSymbol", "Symbolizer", "demangle", "find_symbol_address",
+    "read_maps", "runtime_address",
+]
+
+DEFAULT_DEBUG_DIRS = ("/usr/lib/debug",)
+
+# ELF symbol types / bindings / special section indices.
+STT_NOTYPE, STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC = 0, 1, 2, 6, 10
+STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
+SHN_UNDEF, SHN_LORESERVE, SHN_ABS = 0, 0xFF00, 0xFFF1
+SHT_NOBITS = "SHT_NOBITS"
+
+_FUNC_TYPES = frozenset({STT_FUNC, STT_GNU_IFUNC})
+_ADDRESS_TYPES = frozenset({STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC})
+_BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1, STB_LOCAL: 2}
+_PAGE = 4096
+
+
+# ---------------------------------------------------------------------------
+# /proc/PID/maps
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mapping:
+    """One line of /proc/PID/maps."""
+
+    start: int
+    end: int
+    offset: int
+    perms: str
+    path: str
+    inode: int
+    deleted: bool = False
+
+    @property
+    def is_file(self) -> bool:
+        """Backed by a file (not anonymous, not [heap]/[stack]/[vdso]...)."""
+        return self.inode != 0 and self.path.startswith("/")
+
+    def file_offset(self, addr: int) -> int:
+        return addr - self.start + self.offset
+
+
+def parse_maps(text: str) -> list[Mapping]:
+    """Parse the contents of a /proc/PID/maps file."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        lo, _, hi = parts[0].partition("-")
+        path = parts[5] if len(parts) > 5 else ""
+        deleted = path.endswith(" (deleted)")
+        if deleted:
+            path = path[: -len(" (deleted)")]
+        out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16),
+                           parts[1], path, int(parts[4]), deleted))
+    return out
+
+
+def read_maps(pid: int) -> list[Mapping]:
+    """Mappings of a live process; raises OSError when it is gone."""
+    with open(f"/proc/{pid}/maps") as f:
+        return parse_maps(f.read())
+
+
+class AddressSpace:
+    """The mappings of one process, merged over successive snapshots.
+
+    A newer snapshot wins wherever it overlaps an older mapping; older
+    mappings that nothing newer covers are kept (e.g. a library that was
+    unloaded, or everything once the process has exited).
+    """
+
+    def __init__(self, pid: Optional[int] = None,
+                 maps: Optional[Iterable[Mapping]] = None):
+        self.pid = pid
+        self._maps: list[Mapping] = []
+        self._starts: list[int] = []
+        if maps is not None:
+            self.add_snapshot(maps)
+
+    @classmethod
+    def of_process(cls, pid: int) -> "AddressSpace":
+        return cls(pid, read_maps(pid))
+
+    def refresh(self) -> bool:
+        """Merge a fresh snapshot of the process; False if it is gone."""
+        if self.pid is None:
+            return False
+        try:
+            self.add_snapshot(read_maps(self.pid))
+        except OSError:
+            return False
+        return True
+
+    def add_snapshot(self, maps: Iterable[Mapping]) -> None:
+        new = sorted(maps, key=lambda m: m.start)
+        if not self._maps:
+            merged = new
+        else:
+            new_starts = [m.start for m in new]
+            kept = [old for old in self._maps
+                    if not _overlaps_any(old, new, new_starts)]
+            merged = sorted(kept + new, key=lambda m: m.start)
+        self._maps = merged
+        self._starts = [m.start for m in merged]
+
+    @property
+    def mappings(self) -> list[Mapping]:
+        return list(self._maps)
+
+    def find(self, addr: int) -> Optional[Mapping]:
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0:
+            m = self._maps[i]
+            if addr < m.end:
+                return m
+        return None
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+
+def _overlaps_any(m: Mapping, sorted_maps: list[Mapping],
+                  starts: list[int]) -> bool:
+    i = bisect.bisect_left(starts, m.end)  # first with start >= m.end
+    return i > 0 and sorted_maps[i - 1].end > m.start
+
+
+# ---------------------------------------------------------------------------
+# ELF files
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadSegment:
+    """A PT_LOAD program header."""
+
+    offset: int
+    vaddr: int
+    filesz: int
+    memsz: int
+    align: int
+
+
+@dataclass
+class _RawSymbol:
+    name: str
+    value: int
+    size: int
+    type: int
+    bind: int
+    shndx: int
+
+
+class _ElfImage:
+    """What we read out of one ELF file (headers, symbol tables, notes)."""
+
+    def __init__(self, stream, want_types: frozenset = _FUNC_TYPES):
+        elf = ELFFile(stream)
+        self.e_type = elf["e_type"]
+        self.segments = [
+            LoadSegment(seg["p_offset"], seg["p_vaddr"], seg["p_filesz"],
+                        seg["p_memsz"], seg["p_align"])
+            for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"
+        ]
+        self.build_id: Optional[str] = None
+        self.debuglink: Optional[str] = None
+        self.has_symtab = False
+        self.symbols: list[_RawSymbol] = []
+        # (start, end) of each section by index, for unsized symbols.
+        self.section_ranges: list[tuple[int, int]] = []
+        sym_fmt = ("<" if elf.little_endian else ">") + (
+            "IBBHQQ" if elf.elfclass == 64 else "IIIBBH")
+        for idx, sec in enumerate(elf.iter_sections()):
+            self.section_ranges.append(
+                (sec["sh_addr"], sec["sh_addr"] + sec["sh_size"]))
+            stype = sec["sh_type"]
+            if stype in ("SHT_SYMTAB", "SHT_DYNSYM"):
+                if stype == "SHT_SYMTAB":
+                    self.has_symtab = True
+                if not want_types:
+                    continue
+                strtab = elf.get_section(sec["sh_link"]).data()
+                self.symbols.extend(_parse_symbols(
+                    sec.data(), strtab, sym_fmt, elf.elfclass, want_types))
+            elif stype == "SHT_NOTE" and self.build_id is None:
+                self.build_id = _build_id_from_notes(sec)
+            elif sec.name == ".gnu_debuglink" and stype != SHT_NOBITS:
+                raw = sec.data()
+                self.debuglink = raw[: raw.find(b"\0")].decode(
+                    "utf-8", "replace") or None
+        if self.build_id is None:
+            for seg in elf.iter_segments():
+                if seg["p_type"] == "PT_NOTE":
+                    self.build_id = _build_id_from_notes(seg)
+                    if self.build_id:
+                        break
+
+
+def _build_id_from_notes(container) -> Optional[str]:
+    try:
+        for note in container.iter_notes():
+            if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                desc = note["n_desc"]
+                return desc if isinstance(desc, str) else bytes(desc).hex()
+    except (ELFError, ValueError, struct.error):
+        return None
+    return None
+
+
+def _parse_symbols(data: bytes, strtab: bytes, fmt: str, elfclass: int,
+                   want_types: frozenset) -> list[_RawSymbol]:
+    """Decode a SYMTAB/DYNSYM section, keeping defined symbols of a type."""
+    out = []
+    entsize = struct.calcsize(fmt)
+    usable = len(data) - len(data) % entsize
+    for fields in struct.iter_unpack(fmt, data[:usable]):
+        if elfclass == 64:
+            name_off, info, _other, shndx, value, size = fields
+        else:
+            name_off, value, size, info, _other, shndx = fields
+        stype = info & 0xF
+        if stype not in want_types or shndx == SHN_UNDEF or not name_off:
+            continue
+        if stype != STT_TLS and value == 0:
+            continue
+        end = strtab.find(b"\0", name_off)
+        name = strtab[name_off:end if end >= 0 else len(strtab)].decode(
+            "utf-8", "replace")
+        out.append(_RawSymbol(name, value, size, stype, info >> 4, shndx))
+    return out
+
+
+def _open_image(path: str, want_types: frozenset = _FUNC_TYPES
+                ) -> Optional[_ElfImage]:
+    try:
+        with open(path, "rb") as f:
+            return _ElfImage(f, want_types)
+    except (OSError, ELFError, ValueError, struct.error, AssertionError):
+        return None
+
+
+def _debug_candidates(path: str, image: _ElfImage,
+                      debug_dirs: Sequence[str],
+                      orig_path: Optional[str] = None) -> list[str]:
+    """Where a separate debug file for ``path`` may live, best first."""
+    out = []
+    bid = image.build_id
+    if bid and len(bid) > 2:
+        for d in debug_dirs:
+            out.append(os.path.join(d, ".build-id", bid[:2], bid[2:] + ".debug"))
+    if image.debuglink:
+        link = image.debuglink
+        dirs = [os.path.dirname(path)]
+        if orig_path and os.path.dirname(orig_path) not in dirs:
+            dirs.append(os.path.dirname(orig_path))
+        for d in dirs:
+            out.append(os.path.join(d, link))
+            out.append(os.path.join(d, ".debug", link))
+        logical_dir = os.path.dirname(orig_path or path)
+        for d in debug_dirs:
+            out.append(os.path.join(d, logical_dir.lstrip("/"), link))
+    return out
+
+
+def _load_debug_image(path: str, image: _ElfImage, debug_dirs: Sequence[str],
+                      orig_path: Optional[str] = None,
+                      want_types: frozenset = _FUNC_TYPES
+                      ) -> tuple[Optional[str], Optional[_ElfImage]]:
+    try:
+        own = os.stat(path)
+    except OSError:
+        own = None
+    for cand in _debug_candidates(path, image, debug_dirs, orig_path):
+        try:
+            st = os.stat(cand)
+        except OSError:
+            continue
+        if own is not None and (st.st_dev, st.st_ino) == (own.st_dev,
+                                                          own.st_ino):
+            continue  # the debuglink names the file itself
+        dbg = _open_image(cand, want_types)
+        if dbg is None or not dbg.has_symtab:
+            continue
+        if image.build_id and dbg.build_id and dbg.build_id != image.build_id:
+            continue
+        return cand, dbg
+    return None, None
+
+
+class ElfSymbols:
+    """Function symbols and load layout of one ELF file.
+
+    Symbols come from ``.symtab`` and ``.dynsym``; when the file has no
+    ``.symtab``, a separate debug file is looked up by build-id and then by
+    ``.gnu_debuglink``, and its ``.symtab`` is used as well.
+    """
+
+    def __init__(self, path: str, debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS,
+                 orig_path: Optional[str] = None, *, _image=None):
+        """``path`` is the file to read; ``orig_path`` the name it has in
+        the process (for debuglink lookups under /usr/lib/debug)."""
+        self.path = path
+        self.orig_path = orig_path or path
+        image = _image if _image is not None else _open_image(path)
+        if image is None:
+            raise ValueError(f"not a readable ELF file: {path}")
+        self.build_id: Optional[str] = image.build_id
+        self.e_type: str = image.e_type
+        self.segments: list[LoadSegment] = image.segments
+        self.debug_file: Optional[str] = None
+        sources = [image]
+        if not image.has_symtab and debug_dirs is not None:
+            self.debug_file, dbg = _load_debug_image(
+                path, image, debug_dirs, orig_path)
+            if dbg is not None:
+                sources.append(dbg)
+        self._build_table(sources)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str) -> "ElfSymbols":
+        """For in-memory images such as the vDSO (no debug file lookup)."""
+        image = _ElfImage(io.BytesIO(data))
+        return cls(name, debug_dirs=None, _image=image)
+
+    def _build_table(self, sources: list[_ElfImage]) -> None:
+        best: dict[int, tuple] = {}
+        for image in sources:
+            ranges = image.section_ranges
+            for s in image.symbols:
+                if s.size:
+                    end = s.value + s.size
+                elif 0 < s.shndx < len(ranges) and s.shndx < SHN_LORESERVE:
+                    end = ranges[s.shndx][1]
+                else:
+                    end = 0  # unknown: bounded by the next symbol below
+                rank = (_BIND_RANK.get(s.bind, 3), s.size == 0,
+                        s.name.startswith("_"), len(s.name), s.name)
+                cur = best.get(s.value)
+                if cur is None:
+                    best[s.value] = (rank, s.name, end)
+                else:
+                    new_end = max(cur[2], end)
+                    if rank < cur[0]:
+                        best[s.value] = (rank, s.name, new_end)
+                    elif new_end != cur[2]:
+                        best[s.value] = (cur[0], cur[1], new_end)
+        starts = sorted(best)
+        names = []
+        ends = []
+        for i, start in enumerate(starts):
+            _rank, name, end = best[start]
+            nxt = starts[i + 1] if i + 1 < len(starts) else None
+            if end <= start:  # unsized with no section info
+                end = nxt if nxt is not None else start + 1
+            elif best[start][0][1] and nxt is not None:
+                end = min(end, nxt)  # unsized: stop at the next symbol
+            names.append(name)
+            ends.append(end)
+        self._starts = starts
+        self._ends = ends
+        self._names = names
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    # -- address conversions ---------------------------------------------
+    def file_offset_to_vaddr(self, off: int) -> Optional[int]:
+        for seg in self.segments:
+            if seg.offset <= off < seg.offset + seg.filesz:
+                return off - seg.offset + seg.vaddr
+        # The page holding a segment's first bytes may start before p_offset.
+        for seg in self.segments:
+            page = max(seg.align, _PAGE)
+            lo = seg.offset - seg.offset % page
+            if lo <= off < seg.offset + max(seg.filesz, 1):
+                return off - seg.offset + seg.vaddr
+        return None
+
+    def vaddr_to_file_offset(self, vaddr: int) -> Optional[int]:
+        for seg in self.segments:
+            if seg.vaddr <= vaddr < seg.vaddr + max(seg.memsz, seg.filesz):
+                return vaddr - seg.vaddr + seg.offset
+        return None
+
+    def address_to_vaddr(self, addr: int, mapping: Mapping) -> Optional[int]:
+        """Runtime address inside ``mapping`` -> ELF virtual address."""
+        return self.file_offset_to_vaddr(mapping.file_offset(addr))
+
+    # -- symbol lookup ------------------------------------------------------
+    def lookup(self, vaddr: int) -> Optional[tuple[str, int]]:
+        """(name, symbol start) of the function containing ``vaddr``."""
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        if i >= 0 and vaddr < self._ends[i]:
+            return self._names[i], self._starts[i]
+        return None
+
+    def symbols(self) -> list[tuple[int, int, str]]:
+        """(start, end, name) of every function, sorted by start."""
+        return list(zip(self._starts, self._ends, self._names))
+
+
+# ---------------------------------------------------------------------------
+# Data symbols (e.g. _PyRuntime) and their runtime addresses.
+# ---------------------------------------------------------------------------
+def find_symbol_address(path: str, name: str,
+                        debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS
+                        ) -> Optional[int]:
+    """ELF virtual address (st_value) of a defined function / object / TLS
+    symbol called ``name`` in ``.dynsym`` or ``.symtab`` of ``path`` (or of
+    its separate debug file).  For STT_TLS the value is the offset in the
+    module's TLS block."""
+    image = _open_image(path, _ADDRESS_TYPES)
+    if image is None:
+        return None
+    value = _symbol_value(image, name)
+    if value is None and not image.has_symtab and debug_dirs:
+        _cand, dbg = _load_debug_image(path, image, debug_dirs,
+                                       want_types=_ADDRESS_TYPES)
+        if dbg is not None:
+            value = _symbol_value(dbg, name)
+    return value
+
+
+def _symbol_value(image: _ElfImage, name: str) -> Optional[int]:
+    for s in image.symbols:
+        if s.name == name:
+            return s.value
+    return None
+
+
+def _same_file(mapping: Mapping, path: str, real: str, st) -> bool:
+    """Is ``mapping`` of the file ``path`` (resolved: ``real``)?"""
+    if mapping.path in (path, real):
+        return True
+    # Another name of the same file: same inode and same file name.
+    return (st is not None and mapping.inode != 0
+            and mapping.inode == st.st_ino
+            and os.path.basename(mapping.path) == os.path.basename(real))
+
+
+def runtime_address(mappings: Iterable[Mapping], path: str, vaddr: int,
+                    elf_path: Optional[str] = None) -> int:
+    """Convert ``vaddr`` of object file ``path`` to an address in a process.
+
+    ``mappings`` are the process's maps; ``path`` is matched against their
+    paths (a symlink or another name of the same inode also matches).  The
+    ELF program headers are read from ``elf_path`` (default ``path``; pass
+    /proc/PID/root/... for a process in another mount namespace).  Raises
+    LookupError when the file is not mapped."""
+    elf_path = elf_path or path
+    image = _open_image(elf_path, frozenset())
+    if image is None:
+        raise LookupError(f"cannot read ELF program headers of {elf_path}")
+    try:
+        st = os.stat(elf_path)
+    except OSError:
+        st = None
+    real = os.path.realpath(path)
+    for m in sorted(mappings, key=lambda m: m.start):
+        if not _same_file(m, path, real, st):
+            continue
+        for seg in image.segments:
+            page = max(seg.align, _PAGE)
+            lo = seg.offset - seg.offset % page
+            if lo <= m.offset < seg.offset + max(seg.filesz, 1):
+                bias = m.start - (m.offset - seg.offset + seg.vaddr)
+                return vaddr + bias
+    raise LookupError(f"{path} is not mapped in the given address space")
+
+
+# ---------------------------------------------------------------------------
+# Kernel symbols
+# ---------------------------------------------------------------------------
+class KernelSymbols:
+    """Text symbols of /proc/kallsyms, sorted for bisection."""
+
+    MAX_DISTANCE = 256 * 1024  # past this from the last symbol: unknown
+
+    def __init__(self, entries: Iterable[tuple[int, str, Optional[str]]]):
+        best: dict[int, tuple[str, Optional[str]]] = {}
+        for addr, name, module in entries:
+            if addr and addr not in best:
+                best[addr] = (name, module)
+        self._starts = sorted(best)
+        self._names = [best[a][0] for a in self._starts]
+        self._modules = [best[a][1] for a in self._starts]
+
+    @classmethod
+    def load(cls, path: str = "/proc/kallsyms") -> "KernelSymbols":
+        entries = []
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3 or parts[1] not in "tTwW":
+                    continue
+                module = parts[3].strip("[]") if len(parts) > 3 else None
+                entries.append((int(parts[0], 16), parts[2], module))
+        return cls(entries)
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def _index(self, addr: int) -> int:
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0 or addr - self._starts[i] > self.MAX_DISTANCE:
+            return -1
+        return i
+
+    def resolve(self, addr: int) -> Optional[str]:
+        i = self._index(addr)
+        return self._names[i] if i >= 0 else None
+
+    def module_of(self, addr: int) -> Optional[str]:
+        i = self._index(addr)
+        return self._modules[i] if i >= 0 else None
+
+    def address_of(self, name: str) -> Optional[int]:
+        for a, n in zip(self._starts, self._names):
+            if n == name:
+                return a
+        return None
+
+
+# ---------------------------------------------------------------------------
+# C++ demangling
+# ---------------------------------------------------------------------------
+def demangle(names: Iterable[str]) -> dict[str, str]:
+    """Demangle ``_Z`` names in one ``c++filt`` run; {mangled: readable}.
+
+    Names that cannot be demangled (or all of them, when c++filt is missing)
+    map to themselves."""
+    todo = sorted({n for n in names if n.startswith("_Z") and "\n" not in n})
+    result = {n: n for n in todo}
+    exe = shutil.which("c++filt")
+    if not todo or exe is None:
+        return result
+    try:
+        proc = subprocess.run([exe], input="\n".join(todo) + "\n",
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return result
+    lines = proc.stdout.split("\n")
+    if proc.returncode == 0 and len(lines) >= len(todo):
+        for name, out in zip(todo, lines):
+            if out:
+                result[name] = out
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Symbolizer
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NativeSymbol:
+    """A resolved user-space address.
+
+    ``name`` is the (mangled) function name or None; ``module`` the path of
+    the mapped object (None when no mapping holds the address); ``offset``
+    the ELF virtual address inside the module when its ELF file could be
+    read, else the file offset (or the raw address when there is no mapping).
+    """
+
+    name: Optional[str]
+    module: Optional[str]
+    offset: int
+    symbol_offset: int = 0  # address - start of the function
+
+    @property
+    def module_basename(self) -> Optional[str]:
+        return os.path.basename(self.module) if self.module else None
+
+
+class Symbolizer:
+    """Resolves user and kernel addresses to names, caching per file."""
+
+    def __init__(self, debug_dirs: Optional[Sequence[str]] = None,
+                 demangle_names: bool = True):
+        self.debug_dirs = tuple(DEFAULT_DEBUG_DIRS if debug_dirs is None
+                                else debug_dirs)
+        self.demangle_names = demangle_names
+        self._elf_by_stat: dict[tuple, Optional[ElfSymbols]] = {}
+        self._elf_by_build_id: dict[tuple, ElfSymbols] = {}
+        self._elf_by_mapping: dict[tuple, Optional[ElfSymbols]] = {}
+        self._spaces: dict[int, AddressSpace] = {}
+        self._demangled: dict[str, str] = {}
+        self._pending: set[str] = set()
+        self._kernel: Optional[KernelSymbols] = None
+        self._vdso: Optional[ElfSymbols] = None
+        self._vdso_loaded = False
+
+    # -- processes ----------------------------------------------------------
+    def address_space(self, pid: int) -> AddressSpace:
+        """The cached AddressSpace of ``pid`` (read once, on first use)."""
+        space = self._spaces.get(pid)
+        if space is None:
+            space = AddressSpace(pid)
+            space.refresh()
+            self._spaces[pid] = space
+        return space
+
+    def forget_process(self, pid: int) -> None:
+        self._spaces.pop(pid, None)
+        for key in [k for k in self._elf_by_mapping if k[0] == pid]:
+            del self._elf_by_mapping[key]
+
+    # -- files ----------------------------------------------------------------
+    def elf_for_path(self, path: str, orig_path: Optional[str] = None
+                     ) -> Optional[ElfSymbols]:
+        """ElfSymbols of a file, cached by (dev, inode, mtime, size) and by
+        (path, build-id)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        if key in self._elf_by_stat:
+            return self._elf_by_stat[key]
+        image = _open_image(path)
+        elf = None
+        if image is not None:
+            bkey = (orig_path or path, image.build_id)
+            elf = self._elf_by_build_id.get(bkey) if image.build_id else None
+            if elf is None:
+                elf = ElfSymbols(path, self.debug_dirs, orig_path,
+                                 _image=image)
+                if image.build_id:
+                    self._elf_by_build_id[bkey] = elf
+        self._elf_by_stat[key] = elf
+        return elf
+
+    def _elf_for_mapping(self, pid: int, m: Mapping) -> Optional[ElfSymbols]:
+        key = (pid, m.path, m.inode, m.deleted)
+        try:
+            return self._elf_by_mapping[key]
+        except KeyError:
+            pass
+        if m.path == "[vdso]":
+            elf = self._vdso_symbols()
+        elif not m.path.startswith("/"):
+            elf = None
+        else:
+            elf = None
+            for cand in self._file_candidates(pid, m):
+                elf = self.elf_for_path(cand, m.path)
+                if elf is not None:
+                    break
+        self._elf_by_mapping[key] = elf
+        return elf
+
+    @staticmethod
+    def _file_candidates(pid: int, m: Mapping) -> list[str]:
+        """Paths to open for a mapping: same inode first, then any."""
+        alive = os.path.exists(f"/proc/{pid}")
+        paths = []
+        if alive:
+            if m.deleted:
+                paths.append(f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}")
+            paths.append(f"/proc/{pid}/root{m.path}")
+        paths.append(m.path)
+        matching, other = [], []
+        for p in paths:
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            (matching if st.st_ino == m.inode else other).append(p)
+        return matching + other
+
+    def _vdso_symbols(self) -> Optional[ElfSymbols]:
+        """The vDSO image of this process (the kernel's, same for all)."""
+        if not self._vdso_loaded:
+            self._vdso_loaded = True
+            try:
+                for m in read_maps(os.getpid()):
+                    if m.path == "[vdso]":
+                        with open("/proc/self/mem", "rb") as f:
+                            f.seek(m.start)
+                            data = f.read(m.end - m.start)
+                        self._vdso = ElfSymbols.from_bytes(data, "[vdso]")
+                        break
+            except (OSError, ValueError, ELFError, struct.error):
+                self._vdso = None
+        return self._vdso
+
+    # -- resolution -------------------------------------------------------
+    def resolve_user(self, pid: int, addr: int,
+                     address_space: Optional[AddressSpace] = None
+                     ) -> NativeSymbol:
+        space = address_space if address_space is not None \
+            else self.address_space(pid)
+        m = space.find(addr)
+        if m is None:
+            return NativeSymbol(None, None, addr)
+        file_off = m.file_offset(addr)
+        module = m.path or None
+        elf = self._elf_for_mapping(pid, m)
+        if elf is None:
+            return NativeSymbol(None, module, file_off)
+        vaddr = elf.file_offset_to_vaddr(file_off)
+        if vaddr is None:
+            return NativeSymbol(None, module, file_off)
+        hit = elf.lookup(vaddr)
+        if hit is None:
+            return NativeSymbol(None, module, vaddr)
+        name, start = hit
+        if name.startswith("_Z") and name not in self._demangled:
+            self._pending.add(name)
+        return NativeSymbol(name, module, vaddr, vaddr - start)
+
+    def resolve_kernel(self, addr: int) -> Optional[str]:
+        return self.kernel_symbols().resolve(addr)
+
+    def kernel_symbols(self) -> KernelSymbols:
+        if self._kernel is None:
+            self._kernel = KernelSymbols.load()
+        return self._kernel
+
+    # -- naming -------------------------------------------------------------
+    def demangled(self, name: str) -> str:
+        """Readable form of a symbol name (batching all pending _Z names)."""
+        if not self.demangle_names or not name.startswith("_Z"):
+            return name
+        out = self._demangled.get(name)
+        if out is None:
+            self._pending.add(name)
+            self._flush_demangle()
+            out = self._demangled.get(name, name)
+        return out
+
+    def _flush_demangle(self) -> None:
+        todo = [n for n in self._pending if n not in self._demangled]
+        self._pending.clear()
+        if todo:
+            self._demangled.update(demangle(todo))
+
+    def frame_name(self, sym: NativeSymbol) -> str:
+        if sym.name is not None:
+            return self.demangled(sym.name)
+        if sym.module is None:
+            return "[unknown]"
+        return f"[unknown] {os.path.basename(sym.module)}+0x{sym.offset:x}"
+
+    def frame_names(self, syms: Iterable[NativeSymbol]) -> list[str]:
+        syms = list(syms)
+        if self.demangle_names:
+            self._pending.update(s.name for s in syms
+                                 if s.name and s.name.startswith("_Z")
+                                 and s.name not in self._demangled)
+            self._flush_demangle()
+        return [self.frame_name(s) for s in syms]
+
+    def kernel_frame_name(self, addr: int) -> str:
+        return self.resolve_kernel(addr) or "[unknown]"

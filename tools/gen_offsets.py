@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""Generate ``pytool/pyoffcpu/cpython/offsets_table.py`` from real CPython headers.
+
+Usage::
+
+    python3 tools/gen_offsets.py            # (re)write the committed table
+    python3 tools/gen_offsets.py --check    # regenerate in memory; exit 1 if the
+                                            # committed file differs
+    python3 tools/gen_offsets.py --print    # print the generated module to stdout
+
+What it does
+------------
+For every pyenv CPython 3.7 .. 3.13 installation found under ``$(pyenv root)/versions``
+(``$PYENV_ROOT`` or ``~/.pyenv`` when the ``pyenv`` command is missing; only plain
+``3.X.Y`` release names, so free-threaded ``3.13t`` builds are ignored) it writes a
+small C probe, compiles it with ``gcc -DPy_BUILD_CORE`` (falling back to
+``-DPy_BUILD_CORE_MODULE``) against ``<prefix>/include/python3.X[m]`` and
+``<prefix>/include/python3.X[m]/internal``, runs it, and collects the
+``offsetof()`` / ``sizeof()`` values listed in :data:`KEYS`.  A field that a
+version does not have is -1.
+
+The result is the data module ``OFFSETS = {(3, 7): {...}, ...}``.  3.14 has no
+compiled headers here; its values are transcribed from the reference document
+(``/work/shared/reference/cpython-frames.md``, "from source, not compiled") into a
+separate ``OFFSETS_FROM_SOURCE`` dict, -1 where the document gives nothing.
+
+Self checks (the script fails, printing every mismatch, when one does not hold):
+
+* every version yields exactly the expected set of present / absent (-1) keys;
+* when a minor version has several pyenv patch releases they agree;
+* the compiled values equal the reference document's offsets table (section 1)
+  for every field and version the document lists (3.8 .. 3.13); "-" in the
+  document must be -1 here;
+* the probe's extra values (``sizeof(_PyInterpreterFrame)``, ``tstate->cframe``
+  in 3.10) match the document too, though they are not part of the table.
+
+Requirements: ``gcc`` and the pyenv installs (headers ship with them).  Only
+x86_64 Linux, default (GIL, release) builds are meant.
+"""
+
+import argparse
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE_PATH = os.path.join(REPO, "pytool", "pyoffcpu", "cpython", "offsets_table.py")
+GENERATE_CMD = "python3 tools/gen_offsets.py"
+
+MIN_MINOR, MAX_MINOR = 7, 13
+
+# Table keys, in output order.
+KEYS = (
+    "runtime_interpreters_head",
+    "runtime_autotss",
+    "tss_is_initialized",
+    "tss_key",
+    "interp_next",
+    "interp_threads_head",
+    "tstate_next",
+    "tstate_interp",
+    "tstate_thread_id",
+    "tstate_native_thread_id",
+    "tstate_frame",
+    "tstate_cframe",
+    "cframe_current_frame",
+    "tstate_current_frame",
+    "frame_back",
+    "frame_code",
+    "frame_lasti",
+    "iframe_code",
+    "iframe_previous",
+    "iframe_instr",
+    "iframe_is_entry",
+    "iframe_owner",
+    "code_firstlineno",
+    "code_filename",
+    "code_name",
+    "code_qualname",
+    "code_linetable",
+    "code_code",
+    "code_code_adaptive",
+    "code_firsttraceable",
+    "bytes_size",
+    "bytes_data",
+    "unicode_length",
+    "unicode_state",
+    "ascii_data",
+    "compact_data",
+    "compact_utf8",
+    "compact_utf8_length",
+    "object_type",
+    "type_basicsize",
+    "type_name",
+    "owner_cstack",
+    "owner_generator",
+)
+
+# Probe values that are only used for cross-checking, never written to the table.
+EXTRA_KEYS = ("x_iframe_size", "x_tstate_cframe")
+
+# Keys that must be -1 for a given minor version (anything else must be >= 0).
+_FRAMEOBJ = {"tstate_frame", "frame_back", "frame_code", "frame_lasti", "code_code"}
+_IFRAME = {"iframe_code", "iframe_previous", "iframe_instr", "iframe_owner",
+           "code_code_adaptive", "code_firsttraceable", "code_qualname",
+           "owner_generator", "tstate_native_thread_id"}
+_CFRAME = {"tstate_cframe", "cframe_current_frame"}
+
+
+def expected_absent(minor):
+    absent = set()
+    if minor <= 10:
+        absent |= _IFRAME | _CFRAME | {"iframe_is_entry", "owner_cstack",
+                                       "tstate_current_frame"}
+    else:
+        absent |= _FRAMEOBJ
+        if minor != 11:
+            absent.add("iframe_is_entry")
+        if minor == 11:
+            absent.add("owner_cstack")
+        if minor >= 13:
+            absent |= _CFRAME
+        else:
+            absent.add("tstate_current_frame")
+    return absent
+
+
+# The C probe.  Each P() line prints "key value"; keys a version lacks are not
+# printed and become -1.
+PROBE_C = r"""
+#include <Python.h>
+#include <frameobject.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#if PY_VERSION_HEX < 0x03080000
+#  include "internal/pystate.h"
+#elif PY_VERSION_HEX < 0x03090000
+#  include "internal/pycore_pystate.h"
+#else
+#  include "internal/pycore_runtime.h"
+#  include "internal/pycore_interp.h"
+#endif
+#if PY_VERSION_HEX >= 0x030B0000
+#  include "internal/pycore_frame.h"
+#endif
+
+#define P(key, val) printf("%s %ld\n", key, (long)(val))
+
+int main(void)
+{
+    printf("version %d.%d.%d\n", PY_MAJOR_VERSION, PY_MINOR_VERSION, PY_MICRO_VERSION);
+
+    P("runtime_interpreters_head", offsetof(_PyRuntimeState, interpreters.head));
+#if PY_VERSION_HEX < 0x030C0000
+    P("runtime_autotss", offsetof(_PyRuntimeState, gilstate.autoTSSkey));
+#else
+    P("runtime_autotss", offsetof(_PyRuntimeState, autoTSSkey));
+#endif
+    P("tss_is_initialized", offsetof(Py_tss_t, _is_initialized));
+    P("tss_key", offsetof(Py_tss_t, _key));
+
+    P("interp_next", offsetof(PyInterpreterState, next));
+#if PY_VERSION_HEX < 0x030B0000
+    P("interp_threads_head", offsetof(PyInterpreterState, tstate_head));
+#else
+    P("interp_threads_head", offsetof(PyInterpreterState, threads.head));
+#endif
+
+    P("tstate_next", offsetof(PyThreadState, next));
+    P("tstate_interp", offsetof(PyThreadState, interp));
+    P("tstate_thread_id", offsetof(PyThreadState, thread_id));
+#if PY_VERSION_HEX >= 0x030B0000
+    P("tstate_native_thread_id", offsetof(PyThreadState, native_thread_id));
+#endif
+
+#if PY_VERSION_HEX < 0x030B0000
+    P("tstate_frame", offsetof(PyThreadState, frame));
+    P("frame_back", offsetof(PyFrameObject, f_back));
+    P("frame_code", offsetof(PyFrameObject, f_code));
+    P("frame_lasti", offsetof(PyFrameObject, f_lasti));
+#endif
+#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030D0000
+    P("x_tstate_cframe", offsetof(PyThreadState, cframe));
+#endif
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+    P("tstate_cframe", offsetof(PyThreadState, cframe));
+    P("cframe_current_frame", offsetof(_PyCFrame, current_frame));
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    P("tstate_current_frame", offsetof(PyThreadState, current_frame));
+#endif
+
+#if PY_VERSION_HEX >= 0x030B0000
+#  if PY_VERSION_HEX < 0x030D0000
+    P("iframe_code", offsetof(_PyInterpreterFrame, f_code));
+    P("iframe_instr", offsetof(_PyInterpreterFrame, prev_instr));
+#  else
+    P("iframe_code", offsetof(_PyInterpreterFrame, f_executable));
+    P("iframe_instr", offsetof(_PyInterpreterFrame, instr_ptr));
+#  endif
+    P("iframe_previous", offsetof(_PyInterpreterFrame, previous));
+#  if PY_VERSION_HEX < 0x030C0000
+    P("iframe_is_entry", offsetof(_PyInterpreterFrame, is_entry));
+#  endif
+    P("iframe_owner", offsetof(_PyInterpreterFrame, owner));
+    P("x_iframe_size", sizeof(_PyInterpreterFrame));
+    P("owner_generator", FRAME_OWNED_BY_GENERATOR);
+#  if PY_VERSION_HEX >= 0x030C0000
+    P("owner_cstack", FRAME_OWNED_BY_CSTACK);
+#  endif
+#endif
+
+    P("code_firstlineno", offsetof(PyCodeObject, co_firstlineno));
+    P("code_filename", offsetof(PyCodeObject, co_filename));
+    P("code_name", offsetof(PyCodeObject, co_name));
+#if PY_VERSION_HEX < 0x030A0000
+    P("code_linetable", offsetof(PyCodeObject, co_lnotab));
+#else
+    P("code_linetable", offsetof(PyCodeObject, co_linetable));
+#endif
+#if PY_VERSION_HEX < 0x030B0000
+    P("code_code", offsetof(PyCodeObject, co_code));
+#else
+    P("code_qualname", offsetof(PyCodeObject, co_qualname));
+    P("code_code_adaptive", offsetof(PyCodeObject, co_code_adaptive));
+    P("code_firsttraceable", offsetof(PyCodeObject, _co_firsttraceable));
+#endif
+
+    P("bytes_size", offsetof(PyVarObject, ob_size));
+    P("bytes_data", offsetof(PyBytesObject, ob_sval));
+    P("unicode_length", offsetof(PyASCIIObject, length));
+    P("unicode_state", offsetof(PyASCIIObject, state));
+    P("ascii_data", sizeof(PyASCIIObject));
+    P("compact_data", sizeof(PyCompactUnicodeObject));
+    P("compact_utf8", offsetof(PyCompactUnicodeObject, utf8));
+    P("compact_utf8_length", offsetof(PyCompactUnicodeObject, utf8_length));
+    P("object_type", offsetof(PyObject, ob_type));
+    P("type_basicsize", offsetof(PyTypeObject, tp_basicsize));
+    P("type_name", offsetof(PyTypeObject, tp_name));
+    return 0;
+}
+"""
+
+# ---------------------------------------------------------------------------
+# Reference document values (cpython-frames.md, section 1), transcribed.
+# None means "-" (field absent) and must correspond to -1 in the table.
+# ---------------------------------------------------------------------------
+_DOC_VERSIONS = ((3, 8), (3, 9), (3, 10), (3, 11), (3, 12), (3, 13), (3, 14))
+_n = None
+_DOC_ROWS = {
+    "runtime_interpreters_head": (32, 32, 32, 40, 40, 632, 808),
+    "interp_next":               (0, 0, 0, 0, 0, 7264, 7272),
+    "interp_threads_head":       (8, 8, 8, 16, 72, 7344, 7344),
+    "tstate_next":               (8, 8, 8, 8, 8, 8, 8),
+    "tstate_interp":             (16, 16, 16, 16, 16, 16, 16),
+    "tstate_thread_id":          (176, 176, 176, 152, 136, 152, 152),
+    "tstate_native_thread_id":   (_n, _n, _n, 160, 144, 160, 160),
+    "tstate_frame":              (24, 24, 24, _n, _n, _n, _n),
+    "tstate_cframe":             (_n, _n, _n, 56, 56, _n, _n),
+    "x_tstate_cframe":           (_n, _n, 48, 56, 56, _n, _n),
+    "cframe_current_frame":      (_n, _n, _n, 8, 0, _n, _n),
+    "tstate_current_frame":      (_n, _n, _n, _n, _n, 72, 72),
+    "frame_back":                (24, 24, 24, _n, _n, _n, _n),
+    "frame_code":                (32, 32, 32, _n, _n, _n, _n),
+    "frame_lasti":               (104, 104, 96, _n, _n, _n, _n),
+    "iframe_code":               (_n, _n, _n, 32, 0, 0, 0),
+    "iframe_previous":           (_n, _n, _n, 48, 8, 8, 8),
+    "iframe_instr":              (_n, _n, _n, 56, 56, 56, 56),
+    "iframe_is_entry":           (_n, _n, _n, 68, _n, _n, _n),
+    "iframe_owner":              (_n, _n, _n, 69, 70, 70, 74),
+    "x_iframe_size":             (_n, _n, _n, 80, 80, 80, 88),
+    "code_firstlineno":          (40, 40, 40, 72, 68, 68, 68),
+    "code_filename":             (104, 104, 104, 112, 112, 112, 112),
+    "code_name":                 (112, 112, 112, 120, 120, 120, 120),
+    "code_qualname":             (_n, _n, _n, 128, 128, 128, 128),
+    "code_linetable":            (120, 120, 120, 136, 136, 136, 136),
+    "code_code_adaptive":        (_n, _n, _n, 184, 192, 200, 208),
+    "code_firsttraceable":       (_n, _n, _n, 168, 176, 184, 192),
+    "code_code":                 (48, 48, 48, _n, _n, _n, _n),
+    "bytes_size":                (16, 16, 16, 16, 16, 16, 16),
+    "bytes_data":                (32, 32, 32, 32, 32, 32, 32),
+    "unicode_length":            (16, 16, 16, 16, 16, 16, 16),
+    "unicode_state":             (32, 32, 32, 32, 32, 32, 32),
+    "ascii_data":                (48, 48, 48, 48, 40, 40, 40),
+    "compact_data":              (72, 72, 72, 72, 56, 56, 56),
+    "compact_utf8":              (56, 56, 56, 56, 48, 48, 48),
+    "object_type":               (8, 8, 8, 8, 8, 8, 8),
+    # Frame-owner enum values (doc: GENERATOR=1 in 3.11-3.14; CSTACK=3 in
+    # 3.12/3.13, 4 in 3.14; 3.11 has no CSTACK owner).
+    "owner_generator":           (_n, _n, _n, 1, 1, 1, 1),
+    "owner_cstack":              (_n, _n, _n, _n, 3, 3, 4),
+}
+REFERENCE_DOC = {
+    ver: {key: row[i] for key, row in _DOC_ROWS.items()}
+    for i, ver in enumerate(_DOC_VERSIONS)
+}
+
+
+def from_source_314():
+    """3.14 values from the reference document (not compiled); -1 elsewhere."""
+    doc = REFERENCE_DOC[(3, 14)]
+    return {key: (doc[key] if doc.get(key) is not None else -1) for key in KEYS}
+
+
+# ---------------------------------------------------------------------------
+# Discovery and compilation
+# ---------------------------------------------------------------------------
+def pyenv_root():
+    exe = shutil.which("pyenv")
+    if exe:
+        try:
+            out = subprocess.run([exe, "root"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, universal_newlines=True,
+                                 check=True).stdout.strip()
+            if out:
+                return out
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+
+
+def find_installs():
+    """Return {(3, minor): [(patch_version_str, include_dir), ...]} for 3.7..3.13."""
+    found = {}
+    vdir = os.path.join(pyenv_root(), "versions")
+    if not os.path.isdir(vdir):
+        return found
+    for name in sorted(os.listdir(vdir)):
+        m = re.fullmatch(r"3\.(\d+)\.(\d+)", name)
+        if not m:
+            continue
+        minor = int(m.group(1))
+        if not MIN_MINOR <= minor <= MAX_MINOR:
+            continue
+        inc = None
+        for cand in ("python3.%d" % minor, "python3.%dm" % minor):
+            path = os.path.join(vdir, name, "include", cand)
+            if os.path.isfile(os.path.join(path, "Python.h")):
+                inc = path
+                break
+        if inc is None:
+            continue
+        found.setdefault((3, minor), []).append((name, inc))
+    for lst in found.values():
+        lst.sort(key=lambda item: tuple(int(x) for x in item[0].split(".")))
+    return found
+
+
+def compile_probe(include_dir, workdir):
+    """Compile and run the probe against one install; return {key: int}."""
+    src = os.path.join(workdir, "probe.c")
+    exe = os.path.join(workdir, "probe")
+    with open(src, "w") as fh:
+        fh.write(PROBE_C)
+    errors = []
+    for define in ("-DPy_BUILD_CORE", "-DPy_BUILD_CORE_MODULE"):
+        cmd = ["gcc", "-std=gnu11", "-O0", define,
+               "-I", include_dir, "-I", os.path.join(include_dir, "internal"),
+               src, "-o", exe]
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True)
+        if res.returncode == 0:
+            break
+        errors.append("$ %s\n%s" % (" ".join(cmd), res.stderr[-4000:]))
+    else:
+        raise RuntimeError("probe did not compile for %s:\n%s"
+                           % (include_dir, "\n".join(errors)))
+    out = subprocess.run([exe], stdout=subprocess.PIPE, universal_newlines=True,
+                         check=True).stdout
+    values = {}
+    for line in out.splitlines():
+        key, val = line.split()
+        values[key] = val if key == "version" else int(val)
+    return values
+
+
+def generate():
+    """Compile every install; return (offsets, sources, extras, problems)."""
+    if shutil.which("gcc") is None:
+        raise RuntimeError("gcc not found")
+    installs = find_installs()
+    if not installs:
+        raise RuntimeError("no pyenv CPython 3.%d-3.%d with headers found under %s"
+                           % (MIN_MINOR, MAX_MINOR, pyenv_root()))
+    offsets, sources, extras, problems = {}, {}, {}, []
+    with tempfile.TemporaryDirectory(prefix="gen_offsets.") as tmp:
+        for ver in sorted(installs):
+            per_patch = []
+            for name, inc in installs[ver]:
+                vals = compile_probe(inc, tmp)
+                if vals.pop("version") != name:
+                    problems.append("%s: headers report another version" % name)
+                per_patch.append((name, vals))
+            name, vals = per_patch[-1]
+            for other, ovals in per_patch[:-1]:
+                if ovals != vals:
+                    diff = sorted(k for k in set(vals) | set(ovals)
+                                  if vals.get(k) != ovals.get(k))
+                    problems.append("3.%d: %s and %s differ in %s"
+                                    % (ver[1], other, name, ", ".join(diff)))
+            unknown = set(vals) - set(KEYS) - set(EXTRA_KEYS)
+            if unknown:
+                problems.append("3.%d: probe printed unknown keys %s"
+                                % (ver[1], sorted(unknown)))
+            table = {key: vals.get(key, -1) for key in KEYS}
+            absent = {key for key, val in table.items() if val == -1}
+            if absent != expected_absent(ver[1]):
+                problems.append("3.%d: absent keys %s, expected %s"
+                                % (ver[1], sorted(absent),
+                                   sorted(expected_absent(ver[1]))))
+            offsets[ver] = table
+            sources[ver] = [n for n, _ in per_patch]
+            extras[ver] = {k: vals.get(k, -1) for k in EXTRA_KEYS}
+    return offsets, sources, extras, problems
+
+
+def cross_check(offsets, extras):
+    """Compare against the reference document; return a list of mismatch lines."""
+    mismatches = []
+    for ver, doc in sorted(REFERENCE_DOC.items()):
+        if ver not in offsets:
+            continue
+        have = dict(offsets[ver])
+        have.update(extras.get(ver, {}))
+        for key, want in doc.items():
+            got = have.get(key, -1)
+            want = -1 if want is None else want
+            if got != want:
+                mismatches.append("3.%d %s: compiled %d, reference doc %d"
+                                  % (ver[1], key, got, want))
+    return mismatches
+
+
+def render(offsets, sources):
+    lines = [
+        "# Generated by `%s` -- DO NOT EDIT." % GENERATE_CMD,
+        "# Regenerate with that command; verify with `%s --check`." % GENERATE_CMD,
+        '"""CPython struct offsets and constants for x86_64 Linux (default GIL builds).',
+        "",
+        "OFFSETS: compiled offsetof()/sizeof() values, from gcc against the pyenv",
+        "headers of the releases in COMPILED_FROM.  -1 means the version has no such",
+        "field.  Notes: tstate_cframe/cframe_current_frame are only given for 3.11",
+        "and 3.12 (3.10 has a tstate->cframe, but it holds no frame pointer);",
+        "owner_* are FRAME_OWNED_BY_* enum values, not offsets.",
+        "",
+        "OFFSETS_FROM_SOURCE: NOT compiled.  3.14 values transcribed from the",
+        "project reference (cpython-frames.md, layouts computed from the v3.14.0",
+        "sources); -1 where that reference gives no value.",
+        '"""',
+        "",
+        "KEYS = (",
+    ]
+    lines += ['    "%s",' % key for key in KEYS]
+    lines += [")", "", "COMPILED_FROM = {"]
+    for ver in sorted(sources):
+        lines.append("    (%d, %d): %r," % (ver[0], ver[1], tuple(sources[ver])))
+    lines += ["}", "", "OFFSETS = {"]
+
+    def dump(table):
+        for ver in sorted(table):
+            lines.append("    (%d, %d): {" % ver)
+            for key in KEYS:
+                lines.append('        "%s": %d,' % (key, table[ver][key]))
+            lines.append("    },")
+
+    dump(offsets)
+    lines += ["}", "", "# 3.14: from source, NOT compiled -- see the module docstring.",
+              "OFFSETS_FROM_SOURCE = {"]
+    dump({(3, 14): from_source_314()})
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="regenerate in memory; exit 1 if %s differs" % TABLE_PATH)
+    ap.add_argument("--print", action="store_true", dest="print_",
+                    help="print the generated module instead of writing it")
+    args = ap.parse_args(argv)
+
+    try:
+        offsets, sources, extras, problems = generate()
+    except RuntimeError as exc:
+        print("gen_offsets: %s" % exc, file=sys.stderr)
+        return 2
+    problems += cross_check(offsets, extras)
+    if problems:
+        print("gen_offsets: self-check FAILED:", file=sys.stderr)
+        for line in problems:
+            print("  " + line, file=sys.stderr)
+        return 3
+    missing = [m for m in range(MIN_MINOR, MAX_MINOR + 1) if (3, m) not in offsets]
+    if missing:
+        print("gen_offsets: warning: no install for 3.%s"
+              % ", 3.".join(str(m) for m in missing), file=sys.stderr)
+    text = render(offsets, sources)
+
+    if args.print_:
+        sys.stdout.write(text)
+        return 0
+    if args.check:
+        try:
+            with open(TABLE_PATH) as fh:
+                old = fh.read()
+        except OSError:
+            old = ""
+        if old != text:
+            sys.stdout.writelines(difflib.unified_diff(
+                old.splitlines(True), text.splitlines(True),
+                "committed/" + os.path.relpath(TABLE_PATH, REPO), "generated"))
+            print("gen_offsets: %s is out of date; run `%s`"
+                  % (os.path.relpath(TABLE_PATH, REPO), GENERATE_CMD), file=sys.stderr)
+            return 1
+        print("gen_offsets: %s is up to date (%s)"
+              % (os.path.relpath(TABLE_PATH, REPO),
+                 ", ".join("3.%d" % v[1] for v in sorted(offsets))))
+        return 0
+    with open(TABLE_PATH, "w") as fh:
+        fh.write(text)
+    print("gen_offsets: wrote %s (%s)"
+          % (os.path.relpath(TABLE_PATH, REPO),
+             ", ".join("%s" % "/".join(sources[v]) for v in sorted(sources))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
