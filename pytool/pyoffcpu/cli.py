@@ -127,16 +127,19 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     from .summary import render_summary
 
     platform = plat.probe()
-    session = Session(opts, platform, status=_status_line if sys.stderr.isatty() else None)
+    target = f"pid {opts.pids[0]}" if opts.pids else " ".join(opts.command)
+
+    def started():
+        click.echo(f"pyoffcpu: recording {target} ({opts.mode} mode, {opts.frequency} Hz"
+                   + (f", {opts.duration:g} s" if opts.duration else ", Ctrl-C to stop") + ")", err=True)
+    session = Session(opts, platform, status=_status_line if sys.stderr.isatty() else None,
+                      started=started)
 
     def on_signal(signum, frame):
         session.request_stop(signal.Signals(signum).name)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    target = f"pid {opts.pids[0]}" if opts.pids else " ".join(opts.command)
-    click.echo(f"pyoffcpu: recording {target} ({opts.mode} mode, {opts.frequency} Hz"
-               + (f", {opts.duration:g} s" if opts.duration else ", Ctrl-C to stop") + ")", err=True)
     rec = session.run()
     if sys.stderr.isatty():
         sys.stderr.write("\n")

@@ -6,8 +6,9 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-BTF_PATH = "/sys/kernel/btf/vmlinux"
-TRACEFS = "/sys/kernel/tracing"
+# Overridable for unusual systems (and for the tests of the error paths).
+BTF_PATH = os.environ.get("PYOFFCPU_BTF", "/sys/kernel/btf/vmlinux")
+TRACEFS = os.environ.get("PYOFFCPU_TRACEFS", "/sys/kernel/tracing")
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
 
 # offsetof(struct pthread, specific_1stblock) in glibc 2.36 x86_64, measured on

@@ -107,10 +107,12 @@ def process_alive(pid: int) -> bool:
 
 class Session:
     def __init__(self, options: Options, platform: Platform,
-                 status: Optional[Callable[[Recording, float], None]] = None):
+                 status: Optional[Callable[[Recording, float], None]] = None,
+                 started: Optional[Callable[[], None]] = None):
         self.opts = options
         self.platform = platform
         self.status = status
+        self.started = started          # called once BPF is attached and targets registered
         self.rec = Recording(options)
         self.targets: Dict[int, Target] = {}
         self.child_pid: Optional[int] = None
@@ -395,6 +397,8 @@ class Session:
             self._find_python(tgt)
         for pid in o.pids:
             self._add_target(pid)
+        if self.started:
+            self.started()
         last_drain = last_slow = start_mono
         deadline = start_mono + o.duration if o.duration else None
         while self.stop_reason is None:

@@ -1,0 +1,194 @@
+"""End to end: pyoffcpu records real processes with real BPF, and the profile
+matches the time split the workload was built with (tests/workloads/split.py:
+main thread 50% cpu_work, 25% time.sleep, 25% blocked in lock.acquire)."""
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+from conftest import (PYTHONS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip,
+                      record_folded, run_pyoffcpu, wait_for_recording)
+from pyoffcpu.profile import FrameKind, from_folded
+
+DURATION = 5.0
+
+
+def source_line(script, marker):
+    with open(os.path.join(WORKLOADS, script)) as f:
+        for n, line in enumerate(f, 1):
+            if marker in line:
+                return n
+    raise AssertionError(f"{marker!r} not in {script}")
+
+
+SPLIT_CPU = source_line("split.py", "cpu_work(CPU_S)")
+SPLIT_SLEEP = source_line("split.py", "time.sleep(SLEEP_S)")
+SPLIT_LOCK = source_line("split.py", "        lock.acquire()")
+SPLIT_HOT = source_line("split.py", "# HOT")
+
+
+def py_frames(key):
+    return [f for f in key.frames if f.kind is FrameKind.PYTHON]
+
+
+def main_line(key):
+    """The line of split.py's main() that this stack is under, or None."""
+    for f in key.frames:
+        if f.kind is FrameKind.PYTHON and f.name == "main" and f.file.endswith("split.py"):
+            return f.line
+    return None
+
+
+@pytest.fixture(scope="module", params=sorted(PYTHONS))
+def wall_recording(request, tmp_path_factory, bpf):
+    python = python_or_skip(request.param)
+    w = Workload(python, "split.py", DURATION + 3)
+    try:
+        res, prof = record_folded(tmp_path_factory.mktemp("wall"), "-p", str(w.pid), "-d", str(DURATION))
+    finally:
+        w.stop()
+    return w, res, prof
+
+
+def test_wall_shares_match_the_built_in_split(wall_recording):
+    w, res, prof = wall_recording
+    main = {k: ns for k, ns in prof.weights.items() if k.tid == w.pid}
+    total = sum(main.values())
+    # the main thread is accounted for the whole recording (on + off CPU)
+    assert abs(total / 1e9 - DURATION) <= 0.03 * DURATION, (total, res.stderr)
+    share = {}
+    for line in (SPLIT_CPU, SPLIT_SLEEP, SPLIT_LOCK):
+        share[line] = 100.0 * sum(ns for k, ns in main.items() if main_line(k) == line) / total
+    assert abs(share[SPLIT_CPU] - 50) <= 2, share
+    assert abs(share[SPLIT_SLEEP] - 25) <= 2, share
+    assert abs(share[SPLIT_LOCK] - 25) <= 2, share
+
+
+def test_sleep_and_lock_time_is_off_cpu_and_cpu_work_on_cpu(wall_recording):
+    w, _, prof = wall_recording
+    by_line = {SPLIT_CPU: [0, 0], SPLIT_SLEEP: [0, 0], SPLIT_LOCK: [0, 0]}
+    for k, ns in prof.weights.items():
+        line = main_line(k)
+        if k.tid == w.pid and line in by_line:
+            by_line[line][k.off_cpu is not None] += ns
+    for line in (SPLIT_SLEEP, SPLIT_LOCK):
+        on, off = by_line[line]
+        assert off > 0 and on / (on + off) < 0.02, (line, on, off)
+    on, off = by_line[SPLIT_CPU]
+    # off-CPU inside cpu_work can only be preemption on a busy machine
+    assert on / (on + off) > 0.8, (on, off)
+
+
+def test_off_cpu_stacks_end_with_the_marker(tmp_path, wall_recording):
+    w, _, prof = wall_recording
+    from pyoffcpu.export.folded import render_folded
+    for line in render_folded(prof).splitlines():
+        stack = line.rsplit(" ", 1)[0]
+        if f"main (tests/workloads/split.py:{SPLIT_SLEEP})" in stack or f"split.py:{SPLIT_SLEEP})" in stack:
+            assert stack.split(";")[-1].startswith("[off-cpu"), line
+
+
+def test_cpu_function_has_the_right_line(wall_recording):
+    w, _, prof = wall_recording
+    lines = {}
+    for k, ns in prof.weights.items():
+        for f in py_frames(k):
+            if f.name == "cpu_work" and k.off_cpu is None:
+                lines[f.line] = lines.get(f.line, 0) + ns
+    assert lines, "no cpu_work samples"
+    assert lines.get(SPLIT_HOT, 0) >= 0.9 * sum(lines.values()), lines
+
+
+def test_stacks_carry_the_thread_and_process_roots(wall_recording):
+    w, _, prof = wall_recording
+    assert set(prof.processes) == {w.pid}
+    assert {k.pid for k in prof.weights} == {w.pid}
+    assert w.pid in prof.threads           # main thread id == pid
+    assert len({k.tid for k in prof.weights}) == 2   # main + releaser
+
+
+def test_summary_reports_threads_drops_and_output(wall_recording):
+    _, res, _ = wall_recording
+    err = res.stderr
+    assert "Traceback" not in err
+    assert re.search(r"pyoffcpu: drops: ", err)
+    assert "on-CPU" in err and "off-CPU" in err
+    assert "cpu_work" in err                # top functions
+    assert "pyoffcpu: wrote " in err
+
+
+@pytest.mark.parametrize("mode", ["cpu", "off"])
+def test_modes_keep_only_their_half(tmp_path, bpf, mode):
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "split.py", 6)
+    try:
+        _, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "2", "--mode", mode)
+    finally:
+        w.stop()
+    on = sum(ns for k, ns in prof.weights.items() if k.off_cpu is None)
+    off = sum(ns for k, ns in prof.weights.items() if k.off_cpu is not None)
+    if mode == "cpu":
+        assert on > 0.5e9 and off == 0, (on, off)
+    else:
+        assert off > 1e9 and on == 0, (on, off)
+
+
+def test_target_exiting_midway_keeps_python_names(tmp_path, bpf):
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "split.py", 4)
+    try:
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "10")
+    finally:
+        w.stop()
+    names = {f.name for k in prof.weights for f in py_frames(k)}
+    assert {"main", "cpu_work", "releaser"} <= names, names
+    assert not any(n.startswith("[unknown code") for n in names), names
+    assert prof.total_ns(tid=w.pid) < 4.5e9      # stopped when the target did
+    assert "recorded" in res.stderr
+
+
+def test_launched_command_is_profiled_to_its_end(tmp_path, bpf):
+    python = python_or_skip("debian-3.11")
+    res, prof = record_folded(tmp_path, "--", python, os.path.join(WORKLOADS, "split.py"), "2")
+    names = {f.name for k in prof.weights for f in py_frames(k)}
+    assert {"main", "cpu_work", "releaser"} <= names, names
+    assert "ready" not in res.stderr
+
+
+def test_thread_started_during_recording_has_python_frames(tmp_path, bpf):
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "late_thread.py", 2.0)
+    out = tmp_path / "late.folded"
+    try:
+        prof_proc = subprocess.Popen(pyoffcpu_cmd("-o", str(out), "-p", str(w.pid), "-d", "10"),
+                                     env=env(), stderr=subprocess.PIPE, text=True)
+        wait_for_recording(prof_proc)
+        os.kill(w.pid, signal.SIGUSR1)          # the thread starts now
+        late_tid = int(w.proc.stdout.readline().split()[1])
+        assert prof_proc.wait(timeout=30) == 0  # ends with the target
+    finally:
+        w.stop()
+    prof = from_folded(out.read_text())
+    late = {k: ns for k, ns in prof.weights.items() if k.tid == late_tid and k.off_cpu is None}
+    total = sum(late.values())
+    with_py = sum(ns for k, ns in late.items() if any(f.name == "late_spin" for f in py_frames(k)))
+    assert total > 1.5e9, total
+    assert with_py >= 0.9 * total, (with_py, total)
+
+
+def test_speedscope_output_from_a_real_recording(tmp_path, bpf):
+    import json
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "split.py", 5)
+    out = tmp_path / "p.json"
+    try:
+        res = run_pyoffcpu("-p", str(w.pid), "-d", "1", "-o", str(out))
+    finally:
+        w.stop()
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    assert len(doc["profiles"]) == 2
+    names = {f["name"] for f in doc["shared"]["frames"]}
+    assert "cpu_work" in names
