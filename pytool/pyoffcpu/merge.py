@@ -17,6 +17,7 @@ from .session import KINDS, PYF_ENTRY, PYS_TRUNCATED, Recording
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
 OWNER_GENERATOR = 1
+OWNER_SHIM = 3          # owner >= 3 marks an entry shim from 3.12 on (cpython-frames.md §2.3)
 
 
 @dataclass
@@ -94,6 +95,14 @@ class Merger:
         groups: List[List[P.Frame]] = []
         group: List[P.Frame] = []
         for code, offset, flags in st.frames:
+            if minor >= (3, 12) and (flags & 0xff) >= OWNER_SHIM:
+                # The C-stack shim (3.12/3.13 FRAME_OWNED_BY_CSTACK, 3.14
+                # FRAME_OWNED_BY_INTERPRETER and above) is the `previous` of the
+                # outermost frame of one eval call: it closes that group.
+                if group:
+                    groups.append(group)
+                    group = []
+                continue
             frame = self._python_frame(st.tgid, minor, code, offset, flags)
             if frame is not None:
                 group.append(frame)

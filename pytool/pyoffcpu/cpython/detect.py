@@ -73,24 +73,39 @@ def _candidates(pid: int, maps) -> List[str]:
     return out
 
 
-_VERSION_RE = re.compile(rb"\x00(3\.(\d{1,2})\.(\d{1,2})(?:[abc]|rc)?\d*\+?)\x00")
+# Before 3.11 there is no Py_Version. The minor version is told by the newest
+# C-API function the binary exports (each first appeared in that release); the
+# patch level from the PY_VERSION string, which the linker may have merged as the
+# tail of a longer string (a build path), hence no NUL required before it.
+_API_SINCE = [((3, 10), "PyModule_AddObjectRef"), ((3, 9), "PyFrame_GetCode"),
+              ((3, 8), "PyCode_NewWithPosOnlyArgs"), ((3, 7), "PyThread_tss_alloc")]
+_VERSION_RE = re.compile(rb"(?<![0-9.])3\.(\d{1,2})\.(\d{1,2})(?:(?:a|b|rc)\d+)?\+?\x00")
 
 
-def _version_from_rodata(path: str) -> Optional[Tuple[int, int, int]]:
-    """PY_VERSION ("3.9.18") as a NUL-terminated string in .rodata (before 3.11)."""
+def _minor_from_api(path: str) -> Optional[Tuple[int, int]]:
+    for minor, symbol in _API_SINCE:
+        if symbols.find_symbol_address(path, symbol) is not None:
+            return minor
+    return None
+
+
+def _patch_from_rodata(path: str, minor: Tuple[int, int]) -> int:
     with open(path, "rb") as f:
-        elf = ELFFile(f)
-        sec = elf.get_section_by_name(".rodata")
-        if sec is None:
-            return None
-        data = sec.data()
-    found = {}
+        sec = ELFFile(f).get_section_by_name(".rodata")
+        data = sec.data() if sec is not None else b""
+    counts: Dict[int, int] = {}
     for m in _VERSION_RE.finditer(data):
-        v = (3, int(m.group(2)), int(m.group(3)))
-        found[v] = found.get(v, 0) + 1
-    if not found:
+        if (3, int(m.group(1))) == minor:
+            patch = int(m.group(2))
+            counts[patch] = counts.get(patch, 0) + 1
+    return max(counts, key=counts.get) if counts else 0
+
+
+def _version_before_311(path: str) -> Optional[Tuple[int, int, int]]:
+    minor = _minor_from_api(path)
+    if minor is None:
         return None
-    return max(found, key=found.get)
+    return minor + (_patch_from_rodata(path, minor),)
 
 
 def find_python(pid: int, maps=None) -> PythonProcess:
@@ -123,7 +138,7 @@ def _describe(pid, maps, path, real, runtime) -> PythonProcess:
             hexv = mem.u32(addr)
             version = (hexv >> 24, (hexv >> 16) & 0xff, (hexv >> 8) & 0xff)
         if version is None:
-            version = _version_from_rodata(real)
+            version = _version_before_311(real)
         if version is None:
             raise Unsupported(f"cannot tell the CPython version of {path}")
         if version[:2] >= (3, 13):
