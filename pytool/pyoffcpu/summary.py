@@ -23,24 +23,26 @@ def thread_table(prof: Profile) -> List[Tuple[int, int, str, int, int]]:
 
 
 def top_functions(prof: Profile, n: int = 10) -> List[Tuple[str, int, int]]:
-    """(label, inclusive wall ns, on-CPU ns) of the functions (Python or native
-    frames) most present in the stacks; each stack counts a function once."""
+    """(label, wall ns, on-CPU ns) of the frames the time is spent in: the
+    innermost Python frame of each stack (with its line), or the innermost
+    native frame of a stack without Python frames."""
     short = PathShortener()
-    incl: Dict[str, List[int]] = {}
+    acc: Dict[str, List[int]] = {}
     for key, ns in prof.weights.items():
-        seen = set()
-        for fr in key.frames:
-            if fr.kind not in (FrameKind.PYTHON, FrameKind.NATIVE):
-                continue
-            label = fr.label(False, short)
-            if label in seen:
-                continue
-            seen.add(label)
-            a = incl.setdefault(label, [0, 0])
-            a[0] += ns
-            if key.off_cpu is None:
-                a[1] += ns
-    rows = sorted(((k, v[0], v[1]) for k, v in incl.items()), key=lambda r: -r[1])
+        where = None
+        for fr in reversed(key.frames):
+            if fr.kind is FrameKind.PYTHON:
+                where = fr
+                break
+            if where is None and fr.kind is FrameKind.NATIVE:
+                where = fr
+        if where is None:
+            continue
+        a = acc.setdefault(where.label(False, short), [0, 0])
+        a[0] += ns
+        if key.off_cpu is None:
+            a[1] += ns
+    rows = sorted(((k, v[0], v[1]) for k, v in acc.items()), key=lambda r: -r[1])
     return rows[:n]
 
 
@@ -54,7 +56,7 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     if len(rows) > 20:
         lines.append(f"  ... and {len(rows) - 20} more threads")
     if total:
-        lines.append(f"  top functions by wall time (all threads, {fmt_s(total)}):")
+        lines.append(f"  where the time goes (innermost Python frame; all threads, {fmt_s(total)}):")
         for label, ns, on in top_functions(prof, top):
             lines.append(f"  {100 * ns / total:6.1f}%  {fmt_s(ns):>9}  (on-CPU {100 * on / max(ns, 1):3.0f}%)  {label}")
     return "\n".join(lines)
