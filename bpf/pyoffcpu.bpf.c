@@ -206,7 +206,7 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
         count_drop(DROP_USTACK);
 #if KERNEL_STACKS
     key->kstack = kstacks.get_stackid(ctx, 0);
-    if (key->kstack < 0)
+    if (key->kstack < 0 && key->kstack != -14)  /* -EFAULT: sampled in user mode */
         count_drop(DROP_KSTACK);
 #else
     key->kstack = -1;
