@@ -25,6 +25,11 @@ BPF_HASH(procs, u32, struct proc_info, 4096);
 BPF_HASH(agg, struct stack_key, struct stack_value, 65536);
 BPF_HASH(offcpu_start, u32, struct offcpu_start, 65536);
 BPF_HASH(pystack_seen, u64, u8, 131072);
+/* Threads of the targets that existed when the recording started (filled by
+ * user space, value 0) -> the time of their first switch-in, when they were
+ * blocked since before the start, or 1 when their first switch was a
+ * switch-out (they were running).  User space accounts the blocked part. */
+BPF_HASH(preexisting, u32, u64, 65536);
 BPF_HASH(thread_names, u32, struct comm_t, 65536);
 BPF_STACK_TRACE(ustacks, 32768);
 BPF_STACK_TRACE(kstacks, 16384);
@@ -296,6 +301,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
             u64 ns = now - st->ts;
             offcpu_start.delete(&next);
             add_time(&key, ns);
+        } else {
+            u64 *first = preexisting.lookup(&next);
+            if (first && *first == 0)
+                *first = now;
         }
     }
 
@@ -305,6 +314,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u32 tgid = id >> 32;
     if (prev == 0 || (u32)id != prev || !is_target(tgid))
         return 0;
+    u64 *first = preexisting.lookup(&prev);
+    if (first && *first == 0)
+        *first = 1;
     if (args->prev_state & 0x30)    /* X or Z: the thread is exiting, it will not come back */
         return 0;
     struct offcpu_start st = {};

@@ -192,3 +192,27 @@ def test_speedscope_output_from_a_real_recording(tmp_path, bpf):
     assert len(doc["profiles"]) == 2
     names = {f["name"] for f in doc["shared"]["frames"]}
     assert "cpu_work" in names
+
+
+def test_every_thread_is_accounted_for_the_whole_recording(wall_recording):
+    w, _, prof = wall_recording
+    for tid in {k.tid for k in prof.weights}:
+        total = prof.total_ns(tid=tid)
+        assert abs(total / 1e9 - DURATION) <= 0.03 * DURATION, (tid, total)
+
+
+def test_threads_blocked_for_the_whole_recording_appear(tmp_path, bpf):
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "idle_threads.py", 3)
+    try:
+        _, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "2")
+    finally:
+        w.stop()
+    tids = {k.tid for k in prof.weights}
+    assert len(tids) == 4, tids
+    for tid in tids:
+        keys = [k for k in prof.weights if k.tid == tid]
+        assert all(k.off_cpu == "sleep" for k in keys), keys
+        assert abs(prof.total_ns(tid=tid) / 1e9 - 2.0) < 0.1, prof.total_ns(tid=tid)
+        names = {f.name for k in keys for f in py_frames(k)}
+        assert ("parked" in names) if tid != w.pid else ("main" in names), names

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import symbols
-from .cpython import detect
+from .cpython import detect, walker
 from .cpython.code import CodeInfo, CodeReader
 from .memory import MemoryError_, ProcessMemory
 from .platform import Platform, ProfilerError
@@ -118,6 +118,9 @@ class Session:
         self.child_pid: Optional[int] = None
         self.stop_reason: Optional[str] = None
         self.bpf = None
+        self._start_ns = 0
+        # tid -> (pid, Python stack hash, kind) of the threads there at the start
+        self._initial: Dict[int, Tuple[int, int, int]] = {}
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -307,6 +310,54 @@ class Session:
             acc[1] += ns
             self._fetch_stack_ids(key.ustack, key.kstack)
 
+    def _capture_preexisting(self):
+        """The targets' threads as they are when recording starts: BPF tells
+        which were blocked and until when; their stacks are read here, since
+        BPF only sees a stack when a thread leaves the CPU."""
+        table = self.bpf["preexisting"]
+        self._start_ns = time.monotonic_ns()
+        for tgt in self.targets.values():
+            pid = tgt.pid
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                table[table.Key(tid)] = table.Leaf(0)
+            stacks = {}
+            if tgt.python is not None and tgt.reader is not None:
+                stacks = walker.all_thread_stacks(tgt.python)
+            for tid in tids:
+                frames, truncated = stacks.get(tid, ([], False))
+                pyhash = 0
+                if frames:
+                    pyhash = (hash((pid, tid, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
+                    self.rec.pystacks[pyhash] = PyStack(pid, PYS_TRUNCATED if truncated else 0, frames)
+                    for code, _, _ in frames:
+                        if (pid, code) not in self.rec.code:
+                            self.rec.code[(pid, code)] = tgt.reader.code(code)
+                self._initial[tid] = (pid, pyhash, _state_kind(pid, tid))
+
+    def _account_preexisting(self, end_ns: int):
+        """Time the threads there at the start spent blocked before their first
+        switch-in (all of the recording for a thread that never ran)."""
+        for k, v in self.bpf["preexisting"].items():
+            tid, first = k.value, v.value
+            init = self._initial.get(tid)
+            if init is None or first == 1:
+                continue
+            pid, pyhash, kind = init
+            if first == 0:
+                if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                    continue
+                first = end_ns
+            ns = first - self._start_ns
+            if ns <= 0:
+                continue
+            acc = self.rec.stacks.setdefault((pid, tid, -1, -1, pyhash, kind), [0, 0])
+            acc[0] += 1
+            acc[1] += ns
+
     def _read_drops(self):
         table = self.bpf["drops"]
         for i, name in enumerate(DROP_NAMES):
@@ -383,8 +434,6 @@ class Session:
         self._compile()
         self._attach()
         rec = self.rec
-        start_mono = time.monotonic()
-        rec.start_time = time.time()
         if o.command:
             # Registered before it execs, so its first instructions are profiled;
             # its interpreter is looked for once it is the command.
@@ -397,6 +446,11 @@ class Session:
             self._find_python(tgt)
         for pid in o.pids:
             self._add_target(pid)
+        # The recording starts once every target is registered with BPF.
+        start_mono = time.monotonic()
+        rec.start_time = time.time()
+        if o.mode in ("wall", "off") and o.pids:
+            self._capture_preexisting()
         if self.started:
             self.started()
         last_drain = last_slow = start_mono
@@ -435,6 +489,7 @@ class Session:
         self._drain()
         if o.mode in ("wall", "off"):
             self._flush_blocked(end_ns)
+            self._account_preexisting(end_ns)
         self._read_drops()
         self._read_thread_names()
         for tgt in self.targets.values():
@@ -442,6 +497,13 @@ class Session:
                 tgt.mem.close()
         self.bpf.cleanup()
         return rec
+
+
+def _state_kind(pid: int, tid: int) -> int:
+    """The kind of off-CPU time (KINDS) of a thread's state in /proc."""
+    stat = _read_text(f"/proc/{pid}/task/{tid}/stat") or ""
+    state = stat.rsplit(")", 1)[-1].split()[:1]
+    return {"S": 1, "R": 2, "D": 3, "I": 1}.get(state[0] if state else "", 4)
 
 
 _PYSTACK_TYPE = None

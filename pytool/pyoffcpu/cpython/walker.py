@@ -1,0 +1,94 @@
+"""Walks every thread's Python stack from user space, through /proc/PID/mem.
+
+The same frame records BPF produces ((code address, offset, flags) innermost
+first, see bpf/pyoffcpu.h), for the moments BPF cannot see: the threads that
+were already blocked when the recording started.  Reads are racy by nature;
+a blocked thread's frames do not change, which is what this is used for.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+from ..memory import MemoryError_, ProcessMemory
+from .detect import PythonProcess
+
+MAX_DEPTH = 128             # as MAX_PY_DEPTH in BPF
+MAX_THREADS = 4096
+PYF_ENTRY = 0x100
+GLIBC_PTHREAD_TID = 0x2d0   # offsetof(struct pthread, tid), glibc x86_64 (cpython-frames.md §1)
+
+Frames = List[Tuple[int, int, int]]
+
+
+def _first_frame(mem: ProcessMemory, o: Dict[str, int], minor, tstate: int) -> int:
+    if minor <= (3, 10):
+        return mem.u64(tstate + o["tstate_frame"])
+    if o["tstate_cframe"] >= 0:
+        cframe = mem.u64(tstate + o["tstate_cframe"])
+        return mem.u64(cframe + o["cframe_current_frame"]) if cframe else 0
+    return mem.u64(tstate + o["tstate_current_frame"])
+
+
+def walk_frames(mem: ProcessMemory, pp: PythonProcess, tstate: int) -> Tuple[Frames, bool]:
+    """(frames innermost first, truncated) of one thread state."""
+    o, minor = pp.offsets, pp.minor
+    f = _first_frame(mem, o, minor, tstate)
+    frames: Frames = []
+    while f and len(frames) < MAX_DEPTH:
+        if minor <= (3, 10):
+            code = mem.u64(f + o["frame_code"])
+            frames.append((code, mem.i32(f + o["frame_lasti"]), PYF_ENTRY))
+            f = mem.u64(f + o["frame_back"])
+            continue
+        code = mem.u64(f + o["iframe_code"]) & ~3
+        instr = mem.u64(f + o["iframe_instr"])
+        owner = mem.read(f + o["iframe_owner"], 1)[0]
+        flags = owner
+        if minor == (3, 11) and mem.read(f + o["iframe_is_entry"], 1)[0]:
+            flags |= PYF_ENTRY
+        offset = (instr - code - o["code_code_adaptive"]) & 0xffffffff
+        if offset >= 1 << 31:
+            offset -= 1 << 32
+        frames.append((code, offset, flags))
+        f = mem.u64(f + o["iframe_previous"])
+    return frames, bool(f)
+
+
+def thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, int]:
+    """OS thread id -> PyThreadState address, for every thread of every interpreter."""
+    o = pp.offsets
+    out: Dict[int, int] = {}
+    interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
+    seen = 0
+    while interp and seen < MAX_THREADS:
+        ts = mem.u64(interp + o["interp_threads_head"])
+        while ts and seen < MAX_THREADS:
+            seen += 1
+            if o["tstate_native_thread_id"] >= 0:
+                tid = mem.i64(ts + o["tstate_native_thread_id"])
+            else:
+                pthread = mem.u64(ts + o["tstate_thread_id"])
+                tid = mem.i32(pthread + GLIBC_PTHREAD_TID) if pthread else 0
+            if tid > 0:
+                out[tid] = ts
+            ts = mem.u64(ts + o["tstate_next"])
+        interp = mem.u64(interp + o["interp_next"])
+    return out
+
+
+def all_thread_stacks(pp: PythonProcess) -> Dict[int, Tuple[Frames, bool]]:
+    """tid -> (frames, truncated) for every Python thread; threads whose
+    structures cannot be read are left out."""
+    out = {}
+    mem = ProcessMemory(pp.pid)
+    try:
+        for tid, ts in thread_states(mem, pp).items():
+            try:
+                out[tid] = walk_frames(mem, pp, ts)
+            except MemoryError_:
+                continue
+    except MemoryError_:
+        pass
+    finally:
+        mem.close()
+    return out
