@@ -38,7 +38,8 @@ class DefaultToRecord(click.Group):
         return super().parse_args(ctx, args)
 
 
-@click.group(cls=DefaultToRecord, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=DefaultToRecord, epilog=RECORD_EPILOG + "\nSee `pyoffcpu record --help` for every option.",
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pyoffcpu")
 def main():
     """pyoffcpu: wall-clock profiles of Python processes from eBPF.
