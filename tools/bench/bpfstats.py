@@ -1,0 +1,214 @@
+"""BPF-side measurements of another process's programs and maps (root only).
+
+- kernel.bpf_stats_enabled: turned on for the runs that read program run
+  times, back to its first value otherwise and at the end.
+- Program run time: /proc/PID/fdinfo/FD of each bpf-prog fd of the profiler
+  holds run_time_ns and run_cnt (counted while the sysctl is on); the name
+  comes from BPF_OBJ_GET_INFO_BY_FD on a copy of the fd (pidfd_getfd).
+- First sample: a copy of the profiler's `agg` map fd, polled with
+  BPF_MAP_GET_NEXT_KEY until it holds an entry: the moment the first sample
+  (on-CPU) or closed off-CPU interval is in the kernel's aggregation map.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from typing import Dict, Optional, Tuple
+
+from harness import parse_fdinfo
+
+SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+NR_BPF = 321                # x86_64
+NR_PIDFD_GETFD = 438
+BPF_MAP_GET_NEXT_KEY = 4
+BPF_OBJ_GET_INFO_BY_FD = 15
+PROG_TYPES = {5: "tracepoint", 7: "perf_event"}
+
+
+class StatsSysctl:
+    """kernel.bpf_stats_enabled, on only while a measurement needs it: it adds
+    two clock reads to every run of every BPF program, which the slowdown pairs
+    must not pay. `on()` sets it, `off()` puts back the value found first."""
+
+    def __init__(self):
+        self.original: Optional[str] = None
+        try:
+            with open(SYSCTL) as f:
+                self.original = f.read().strip()
+        except OSError:
+            pass
+
+    @property
+    def available(self) -> bool:
+        return self.original is not None
+
+    def _write(self, value: str) -> bool:
+        try:
+            with open(SYSCTL, "w") as f:
+                f.write(value)
+            return True
+        except OSError:
+            return False
+
+    def on(self) -> bool:
+        return self.available and self._write("1")
+
+    def off(self):
+        if self.available:
+            self._write(self.original)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.off()
+
+
+def _bpf(cmd: int, attr: ctypes.Array) -> int:
+    return _libc.syscall(NR_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+
+
+def steal_fd(pidfd: int, fd: int) -> int:
+    """A copy of another process's fd in this one (pidfd_getfd); -1 on failure."""
+    return _libc.syscall(NR_PIDFD_GETFD, pidfd, fd, 0)
+
+
+def _obj_name(fd: int, name_off: int, info_size: int) -> str:
+    info = ctypes.create_string_buffer(info_size)
+    attr = ctypes.create_string_buffer(16)
+    ctypes.c_uint32.from_buffer(attr, 0).value = fd
+    ctypes.c_uint32.from_buffer(attr, 4).value = info_size
+    ctypes.c_uint64.from_buffer(attr, 8).value = ctypes.addressof(info)
+    if _bpf(BPF_OBJ_GET_INFO_BY_FD, attr) != 0:
+        return ""
+    return info.raw[name_off:name_off + 16].split(b"\0", 1)[0].decode(errors="replace")
+
+
+def map_name(fd: int) -> str:
+    # struct bpf_map_info: type, id, key_size, value_size, max_entries, map_flags, name[16]
+    return _obj_name(fd, 24, 88)
+
+
+def prog_name(fd: int) -> str:
+    # struct bpf_prog_info: ... name[16] at offset 64
+    return _obj_name(fd, 64, 232)
+
+
+def map_has_entries(fd: int) -> bool:
+    attr = ctypes.create_string_buffer(32)
+    key = ctypes.create_string_buffer(256)
+    ctypes.c_uint32.from_buffer(attr, 0).value = fd
+    ctypes.c_uint64.from_buffer(attr, 8).value = 0          # NULL: the first key
+    ctypes.c_uint64.from_buffer(attr, 16).value = ctypes.addressof(key)
+    if _bpf(BPF_MAP_GET_NEXT_KEY, attr) == 0:
+        return True
+    e = ctypes.get_errno()
+    if e != errno.ENOENT:
+        raise OSError(e, os.strerror(e))
+    return False
+
+
+def _bpf_fds(pid: int, kind: str):
+    """The fds of `pid` that are BPF objects of `kind` (bpf-prog, bpf-map)."""
+    want = f"anon_inode:{kind}"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == want:
+                out.append(int(fd))
+        except OSError:
+            pass
+    return sorted(out)
+
+
+class ProgStats:
+    """Reads run_cnt / run_time_ns of every BPF program a process holds."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.names: Dict[int, str] = {}
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except OSError:
+            self.pidfd = -1
+
+    def _name(self, fd: int, info: Dict[str, str]) -> str:
+        name = self.names.get(fd)
+        if name is None:
+            name = ""
+            if self.pidfd >= 0:
+                mine = steal_fd(self.pidfd, fd)
+                if mine >= 0:
+                    try:
+                        name = prog_name(mine)
+                    finally:
+                        os.close(mine)
+            if not name:
+                t = int(info.get("prog_type", "-1"))
+                name = PROG_TYPES.get(t, f"prog_type {t}")
+            self.names[fd] = name
+        return name
+
+    def read(self) -> Dict[str, Tuple[int, int]]:
+        """{program name: (run_cnt, run_time_ns)}, summed over same-named fds."""
+        out: Dict[str, Tuple[int, int]] = {}
+        for fd in _bpf_fds(self.pid, "bpf-prog"):
+            try:
+                with open(f"/proc/{self.pid}/fdinfo/{fd}") as f:
+                    info = parse_fdinfo(f.read())
+            except OSError:
+                continue
+            if "run_cnt" not in info:
+                continue
+            name = self._name(fd, info)
+            c, n = out.get(name, (0, 0))
+            out[name] = (c + int(info["run_cnt"]), n + int(info["run_time_ns"]))
+        return out
+
+    def close(self):
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+class FirstSampleProbe:
+    """Polls the profiler's `agg` map (a copy of its fd) for its first entry."""
+
+    def __init__(self, pid: int, map_name_: str = "agg"):
+        self.pid = pid
+        self.want = map_name_
+        self.fd = -1
+        self.checked = set()
+        self.pidfd = os.pidfd_open(pid)
+
+    def poll(self) -> bool:
+        """True once the map holds an entry."""
+        if self.fd < 0:
+            for fd in _bpf_fds(self.pid, "bpf-map"):
+                if fd in self.checked:
+                    continue
+                self.checked.add(fd)
+                mine = steal_fd(self.pidfd, fd)
+                if mine < 0:
+                    continue
+                if map_name(mine) == self.want:
+                    self.fd = mine
+                    break
+                os.close(mine)
+            if self.fd < 0:
+                return False
+        return map_has_entries(self.fd)
+
+    def close(self):
+        for fd in (self.fd, self.pidfd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.pidfd = -1

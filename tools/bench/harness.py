@@ -1,0 +1,210 @@
+"""The pure parts of the bench: statistics, folded-stack parsing, tables.
+
+Nothing here needs root, BPF or a profiler; tests/test_bench_harness.py
+exercises it in well under a second.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+
+# -- statistics ---------------------------------------------------------------
+def median(values: Sequence[float]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+@dataclass
+class Pairs:
+    """A/B pairs of one measurement: A alone (baseline), B under a profiler.
+    Each pair's ratio is B/A; the spread of the ratios is the noise."""
+    a: List[float] = field(default_factory=list)
+    b: List[float] = field(default_factory=list)
+    # optional companions of each pair: CPU seconds of the target, seconds it waited for a CPU
+    cpu_a: List[float] = field(default_factory=list)
+    cpu_b: List[float] = field(default_factory=list)
+    wait_a: List[float] = field(default_factory=list)
+    wait_b: List[float] = field(default_factory=list)
+    failures: List[str] = field(default_factory=list)
+
+    def add(self, a: float, b: float, cpu: Optional[Tuple[float, float]] = None,
+            wait: Optional[Tuple[float, float]] = None) -> None:
+        if a <= 0 or b <= 0:
+            raise ValueError(f"times must be positive: a={a} b={b}")
+        self.a.append(a)
+        self.b.append(b)
+        if cpu and cpu[0] > 0 and cpu[1] > 0:
+            self.cpu_a.append(cpu[0])
+            self.cpu_b.append(cpu[1])
+        if wait:
+            self.wait_a.append(wait[0] / a)
+            self.wait_b.append(wait[1] / b)
+
+    @property
+    def ratios(self) -> List[float]:
+        return [b / a for a, b in zip(self.a, self.b)]
+
+    @property
+    def cpu_ratios(self) -> List[float]:
+        return [b / a for a, b in zip(self.cpu_a, self.cpu_b)]
+
+    def summary(self) -> Dict[str, Optional[float]]:
+        r, c = self.ratios, self.cpu_ratios
+        return {
+            "n": len(r),
+            "a_median": median(self.a),
+            "b_median": median(self.b),
+            "ratio_median": median(r),
+            "ratio_min": min(r) if r else None,
+            "ratio_max": max(r) if r else None,
+            "cpu_ratio_median": median(c),
+            "cpu_ratio_min": min(c) if c else None,
+            "cpu_ratio_max": max(c) if c else None,
+            "wait_a": median(self.wait_a),       # share of the run spent waiting for a CPU
+            "wait_b": median(self.wait_b),
+        }
+
+
+def verdict(value: Optional[float], limit: Optional[float]) -> str:
+    """PASS/MISS of `value <= limit`; an em dash where there is no target, n/a without a value."""
+    if limit is None:
+        return "—"
+    if value is None:
+        return "n/a"
+    return "PASS" if value <= limit else "MISS"
+
+
+# -- number formatting ----------------------------------------------------------
+def fmt_num(v: Optional[float], digits: int = 3) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.{digits}f}"
+
+
+def fmt_ratio_range(lo: Optional[float], hi: Optional[float]) -> str:
+    if lo is None or hi is None:
+        return "n/a"
+    return f"{lo:.3f}–{hi:.3f}"
+
+
+def fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+# -- Markdown tables ------------------------------------------------------------
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]],
+                   align: Optional[str] = None) -> str:
+    """A Markdown table with padded columns. `align` has one letter per column,
+    l or r (default: first column left, the others right)."""
+    headers = [str(h) for h in headers]
+    body = [["" if c is None else str(c) for c in row] for row in rows]
+    ncol = len(headers)
+    for row in body:
+        if len(row) != ncol:
+            raise ValueError(f"row has {len(row)} cells, table has {ncol} columns: {row}")
+    if align is None:
+        align = "l" + "r" * (ncol - 1)
+    if len(align) != ncol:
+        raise ValueError("align needs one letter per column")
+    widths = [max([len(headers[i])] + [len(r[i]) for r in body] + [3]) for i in range(ncol)]
+
+    def cell(text: str, i: int) -> str:
+        return text.rjust(widths[i]) if align[i] == "r" else text.ljust(widths[i])
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cell(c, i) for i, c in enumerate(cells)) + " |"
+
+    sep = "|" + "|".join(("-" * (widths[i] + 1) + ":") if align[i] == "r" else ("-" * (widths[i] + 2))
+                         for i in range(ncol)) + "|"
+    return "\n".join([line(headers), sep] + [line(r) for r in body])
+
+
+# -- folded stacks ----------------------------------------------------------------
+_FUNC = re.compile(r"^(?P<name>.*?) \((?P<loc>[^()]*)\)$")
+
+
+def parse_folded(text: str) -> List[Tuple[List[str], int]]:
+    """Folded lines `A;B;C WEIGHT` into (frames root first, weight). Works for
+    pyoffcpu's folded output (weights in microseconds) and for py-spy's
+    `-f raw` output (weights in samples; with --threads its root frame is
+    `thread (TID): NAME`). Blank lines are skipped; any other malformed line
+    raises ValueError."""
+    out = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        stack, sep, weight = line.rpartition(" ")
+        if not sep or not stack or not weight.isdigit():
+            raise ValueError(f"line {n}: not a folded stack: {line[:80]!r}")
+        out.append((stack.split(";"), int(weight)))
+    return out
+
+
+def function_name(frame: str) -> str:
+    """`qualname (file:line)` -> `qualname`; other frames as they are."""
+    m = _FUNC.match(frame)
+    return m.group("name") if m else frame
+
+
+def function_shares(stacks: Sequence[Tuple[List[str], int]], scope: str,
+                    functions: Sequence[str]) -> Tuple[Dict[str, float], int]:
+    """Among the stacks that pass through the function `scope` (a thread's loop),
+    each function's share of the weight (inclusive: a stack counts for a
+    function if the function is anywhere on it). Returns (shares in [0, 1],
+    total weight in scope)."""
+    total = 0
+    acc = {f: 0 for f in functions}
+    for frames, w in stacks:
+        names = {function_name(f) for f in frames}
+        if scope not in names:
+            continue
+        total += w
+        for f in functions:
+            if f in names:
+                acc[f] += w
+    if total == 0:
+        return {f: 0.0 for f in functions}, 0
+    return {f: acc[f] / total for f in functions}, total
+
+
+def max_error_pp(measured: Dict[str, float], truth: Dict[str, float]) -> float:
+    """Largest absolute difference in percentage points over truth's functions."""
+    return max(abs(measured.get(f, 0.0) - t) * 100 for f, t in truth.items())
+
+
+# -- BPF run-time statistics --------------------------------------------------------
+def parse_fdinfo(text: str) -> Dict[str, str]:
+    """/proc/PID/fdinfo/FD as a dict of its `key:\tvalue` lines."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def prog_delta(before: Dict[str, Tuple[int, int]], after: Dict[str, Tuple[int, int]]
+               ) -> Dict[str, Tuple[int, int]]:
+    """Per program name, (run_cnt, run_time_ns) gained between two readings."""
+    out = {}
+    for name, (cnt, ns) in after.items():
+        c0, n0 = before.get(name, (0, 0))
+        out[name] = (cnt - c0, ns - n0)
+    return out
+
+
+def prog_label(name: str) -> str:
+    """A BPF program's name (the kernel keeps 15 characters) as the table shows it."""
+    if name.startswith("sched__sched_sw"):
+        return "sched_switch (tracepoint)"
+    if name.startswith("raw_tracepoint") or name == "sched_switch":
+        return "sched_switch (raw tracepoint)"
+    if name == "on_cpu_sample":
+        return "on_cpu_sample (perf_event)"
+    return name

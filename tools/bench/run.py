@@ -1,0 +1,1020 @@
+#!/usr/bin/env python3
+"""make bench: pyoffcpu's overhead, scale and accuracy, side by side with py-spy.
+
+Run as root from the repository root (make bench does): prints Markdown tables
+on stdout (progress on stderr) and writes them to tools/bench/results.md.
+
+Cases (numbers as in issue #5):
+  1 CPU-bound Python, one thread          slowdown, 4 profilers
+  2 one busy thread + 150 blocked threads  slowdown, 4 profilers
+  3 two threads ping-ponging over pipes    slowdown, pyoffcpu wall vs py-spy --idle
+  4 bystander: 3's workload unprofiled while pyoffcpu -p profiles an idle process
+  5 accuracy against a built-in wall-time split
+  6 startup (to the first sample in the kernel map) and teardown (SIGINT to file)
+  7 exporters on a synthetic 1,000,000-sample / 50,000-stack profile
+  8 BPF run time per event, from the B runs of 1-4 (kernel.bpf_stats_enabled)
+
+Each slowdown is measured in pairs: one fresh target process does the fixed
+work once alone (A) and once profiled (B), in the order AB or BA alternating
+from pair to pair, after a warm-up; the pair's ratio is B/A. The profiler is
+attached before B starts and gone before A starts, so its start-up and
+teardown are not in either time.
+
+Knobs (environment or options): BENCH_PAIRS (7), BENCH_WORK_S (1.0 s of work
+per run), BENCH_LONG_S (long teardown recording, 60 s), BENCH_CASES (all),
+BENCH_SWITCH_RATE (ping-pong switches/s, 40000; 0 = as fast as it goes),
+BENCH_PYTHON (/usr/bin/python3: the interpreter of the targets), BENCH_REV
+(benchmark a commit, e.g. HEAD, exported with git archive, instead of the
+working tree), BENCH_REFERENCES=0 (leave out case 4's reference programs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import bpfstats  # noqa: E402
+from harness import (Pairs, fmt_bytes, fmt_num, fmt_ratio_range, function_shares,  # noqa: E402
+                     markdown_table, max_error_pp, median, parse_folded, prog_delta, prog_label,
+                     verdict)
+
+WORKLOADS = os.path.join(HERE, "workloads.py")
+EXPORTERS = os.path.join(HERE, "exporters.py")
+FLOOR = os.path.join(HERE, "floor.py")
+RESULTS = os.path.join(HERE, "results.md")
+BENCH_VENV = os.path.join(HERE, ".venv")
+PYSPY_VERSION = "0.4.3"
+SETTLE_S = 0.3              # after a profiler says it is sampling, before the work starts
+
+T0 = time.monotonic()
+_procs: List[subprocess.Popen] = []      # everything started here, to end on the way out
+
+
+def log(msg: str):
+    sys.stderr.write(f"[bench {time.monotonic() - T0:6.1f}s] {msg}\n")
+    sys.stderr.flush()
+
+
+# -- processes -----------------------------------------------------------------------
+class Proc:
+    """A child with its stdout lines in a queue and its stderr lines timestamped."""
+
+    def __init__(self, argv: List[str], stdin: bool = False, merge: bool = False,
+                 env: Optional[Dict[str, str]] = None):
+        """merge: stdout and stderr both into the timestamped lines (py-spy
+        says `Sampling process` on stdout)."""
+        self.argv = argv
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
+                                  bufsize=1, errors="replace", env=env)
+        self.started = time.monotonic()
+        _procs.append(self.p)
+        self.pid = self.p.pid
+        self.out: "queue.Queue[str]" = queue.Queue()
+        self.err: List[Tuple[float, str]] = []
+        self._err_cv = threading.Condition()
+        if merge:
+            threading.Thread(target=self._read_err, args=(self.p.stdout,), daemon=True).start()
+        else:
+            threading.Thread(target=self._read_out, daemon=True).start()
+            threading.Thread(target=self._read_err, args=(self.p.stderr,), daemon=True).start()
+
+    def _read_out(self):
+        for line in self.p.stdout:
+            self.out.put(line.rstrip("\n"))
+        self.out.put(None)
+
+    def _read_err(self, stream):
+        for line in stream:
+            with self._err_cv:
+                self.err.append((time.monotonic(), line.rstrip("\n")))
+                self._err_cv.notify_all()
+        with self._err_cv:
+            self.err.append((time.monotonic(), None))
+            self._err_cv.notify_all()
+
+    def err_line(self, pattern: str) -> Optional[float]:
+        """When a stderr line matching `pattern` came, or None (not yet)."""
+        rx = re.compile(pattern)
+        with self._err_cv:
+            for t, line in self.err:
+                if line is not None and rx.search(line):
+                    return t
+        return None
+
+    def wait_err(self, pattern: str, timeout: float) -> float:
+        rx = re.compile(pattern)
+        end = time.monotonic() + timeout
+        seen = 0
+        with self._err_cv:
+            while True:
+                for t, line in self.err[seen:]:
+                    if line is None:
+                        raise RuntimeError(f"{self.argv[0]} exited before {pattern!r}: {self.stderr_tail()}")
+                    if rx.search(line):
+                        return t
+                seen = len(self.err)
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"{os.path.basename(self.argv[0])}: no {pattern!r} after {timeout:.0f}s: "
+                                       f"{self.stderr_tail()}")
+                self._err_cv.wait(min(left, 0.5))
+
+    def stderr_tail(self, n: int = 3) -> str:
+        with self._err_cv:
+            lines = [line for _, line in self.err if line]
+        return " | ".join(lines[-n:])
+
+    def send(self, line: str):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def expect(self, prefix: str, timeout: float) -> str:
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"no {prefix!r} from {self.argv[1:3]} after {timeout:.0f}s")
+            try:
+                line = self.out.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"{self.argv[1:3]} exited before {prefix!r}: {self.stderr_tail()}")
+            if line.startswith(prefix):
+                return line
+
+    def interrupt(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGINT)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"{os.path.basename(self.argv[0])} did not exit within {timeout:.0f}s")
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+class Worker(Proc):
+    def __init__(self, python: str, kind: str):
+        """kind: a workload of workloads.py, with its argument if any ("pingpong 40")."""
+        super().__init__([python, WORKLOADS, *kind.split()], stdin=True)
+        self.expect("ready", 30)
+
+    def run(self, n, timeout: float = 300) -> Tuple[float, dict]:
+        self.send(f"run {n}")
+        _, dt, extra = self.expect("done ", timeout).split(" ", 2)
+        return float(dt), json.loads(extra)
+
+    def start_run(self, n):
+        """Start work without waiting for it (startup/teardown targets)."""
+        self.send(f"run {n}")
+
+    def close(self):
+        if self.p.poll() is None:
+            try:
+                self.send("exit")
+                self.p.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+# -- profilers ---------------------------------------------------------------------------
+@dataclass
+class Profiler:
+    label: str
+    argv: Callable[[int, str], List[str]]     # (pid, output path without extension)
+    ready: str                                # stderr line that says it samples
+    pyoffcpu: bool
+    stats: bool = False                       # read its BPF programs' run times
+    merge: bool = False                       # its ready line comes on stdout (py-spy)
+
+
+def profilers(tools: "Tools") -> Dict[str, Profiler]:
+    po, ps = tools.pyoffcpu, tools.pyspy
+    out = {
+        "pyoffcpu --mode cpu -F 99": Profiler(
+            "pyoffcpu --mode cpu -F 99",
+            lambda pid, o: po + ["-p", str(pid), "--mode", "cpu", "-F", "99", "-o", o + ".folded"],
+            r"^pyoffcpu: recording", True, stats=True),
+        "pyoffcpu --mode wall": Profiler(
+            "pyoffcpu --mode wall",
+            lambda pid, o: po + ["-p", str(pid), "--mode", "wall", "-F", "99", "-o", o + ".folded"],
+            r"^pyoffcpu: recording", True, stats=True),
+    }
+    for kind, label in (("tp-empty", "reference: empty program on the sched_switch tracepoint"),
+                        ("raw-filter", "reference: raw tracepoint, 2 hash lookups")):
+        out[label] = Profiler(label, (lambda kind: lambda pid, o: [sys.executable, FLOOR, kind])(kind),
+                              r"^floor: attached", False, stats=True)
+    if ps:
+        for label, extra in (("py-spy record -r 100", []), ("py-spy record --native -r 100", ["--native"]),
+                             ("py-spy record --idle -r 100", ["--idle"])):
+            out[label] = Profiler(
+                label,
+                (lambda extra: lambda pid, o: ps + ["record", "-p", str(pid), "-r", "100", *extra,
+                                                    "-f", "raw", "-o", o + ".txt"])(extra),
+                r"py-spy> Sampling process", False, merge=True)
+    return out
+
+
+@dataclass
+class Tools:
+    python: str
+    pyoffcpu: List[str]
+    pyspy: Optional[List[str]]
+    pyspy_version: str = ""
+    outdir: str = ""
+    env: Optional[Dict[str, str]] = None       # for pyoffcpu and the exporters (--tree)
+    sysctl: Optional[bpfstats.StatsSysctl] = None
+    profs: Dict[str, "Profiler"] = field(default_factory=dict)
+
+
+def setup_pyspy() -> Tuple[Optional[List[str]], str]:
+    """py-spy from PyPI in tools/bench/.venv (made once, idempotent)."""
+    exe = os.path.join(BENCH_VENV, "bin", "py-spy")
+
+    def version():
+        try:
+            return subprocess.run([exe, "--version"], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except OSError:
+            return ""
+    v = version()
+    if v != f"py-spy {PYSPY_VERSION}":
+        log(f"installing py-spy {PYSPY_VERSION} into {os.path.relpath(BENCH_VENV, ROOT)}")
+        try:
+            if not os.path.exists(os.path.join(BENCH_VENV, "bin", "pip")):
+                subprocess.run(["/usr/bin/python3", "-m", "venv", BENCH_VENV], check=True)
+            subprocess.run([os.path.join(BENCH_VENV, "bin", "pip"), "install", "-q",
+                            "--disable-pip-version-check", f"py-spy=={PYSPY_VERSION}"], check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            log(f"py-spy unavailable ({e}): its rows are left out")
+            return None, ""
+        v = version()
+    return [exe], v
+
+
+# -- results ---------------------------------------------------------------------------------
+@dataclass
+class Results:
+    overhead: List[dict] = field(default_factory=list)
+    bpf: List[dict] = field(default_factory=list)
+    accuracy: Optional[dict] = None
+    startup: Optional[dict] = None
+    exporters: List[dict] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+
+
+# -- slowdown pairs -------------------------------------------------------------------------------
+def profiled_run(tools: Tools, prof: Profiler, target_pid: int, work: Callable[[], Tuple[float, dict]],
+                 tag: str, with_stats: bool = False) -> Tuple[float, dict, Dict[str, Tuple[int, int]]]:
+    """Attach `prof` to target_pid, do `work`, stop the profiler (SIGINT, its
+    file written). Returns (work seconds, work extra, BPF program run-time
+    deltas over the work when with_stats)."""
+    out = os.path.join(tools.outdir, tag)
+    p = Proc(prof.argv(target_pid, out), merge=prof.merge, env=tools.env if prof.pyoffcpu else None)
+    stats = None
+    try:
+        p.wait_err(prof.ready, 120)
+        time.sleep(SETTLE_S)
+        if with_stats:
+            stats = bpfstats.ProgStats(p.pid)
+            before = stats.read()
+        dt, extra = work()
+        delta = prog_delta(before, stats.read()) if stats else {}
+        p.interrupt()
+        rc = p.wait(180)
+        if rc != 0:
+            raise RuntimeError(f"{prof.label} exited {rc}: {p.stderr_tail()}")
+        return dt, extra, delta
+    finally:
+        if stats:
+            stats.close()
+        p.kill()
+
+
+def slowdown_case(tools: Tools, res: Results, case: str, kind: str, n: int, profs: List[Profiler],
+                  pairs: int, targets: Dict[str, float], bystander: bool = False):
+    """`pairs` A/B pairs for each profiler, profilers rotated round by round."""
+    acc = {p.label: Pairs() for p in profs}
+    extra_a: Dict[str, list] = {p.label: [] for p in profs}
+    for i in range(pairs):
+        for j in range(len(profs)):
+            k = (i + j) % len(profs)
+            prof = profs[k]
+            order = "AB" if (i + k) % 2 == 0 else "BA"      # alternates pair to pair for each profiler
+            tag = f"c{case}-{kind.split()[0]}-{i}-{j}"
+            w = Worker(tools.python, kind)
+            idle = Worker(tools.python, "idle") if bystander else None
+            try:
+                w.run(max(1, n // 5))                           # warm-up
+                target = idle.pid if bystander else w.pid
+
+                def a():
+                    return w.run(n)
+
+                def b():
+                    return profiled_run(tools, prof, target, lambda: w.run(n), tag)
+                if order == "AB":
+                    ta, xa = a()
+                    tb, xb, _ = b()
+                else:
+                    tb, xb, _ = b()
+                    ta, xa = a()
+                acc[prof.label].add(ta, tb, cpu=(xa.get("cpu_s", 0), xb.get("cpu_s", 0)),
+                                    wait=(xa.get("rq_s", 0), xb.get("rq_s", 0)))
+                extra_a[prof.label].append(xa)
+                log(f"case {case} pair {i + 1}/{pairs} {order} {prof.label}: "
+                    f"A {ta:.3f}s B {tb:.3f}s ratio {tb / ta:.3f} "
+                    f"(CPU {xa.get('cpu_s', 0):.3f}s/{xb.get('cpu_s', 0):.3f}s, "
+                    f"waiting for a CPU {xa.get('rq_s', 0):.3f}s/{xb.get('rq_s', 0):.3f}s)")
+            except Exception as e:                              # noqa: BLE001 - reported, bench goes on
+                acc[prof.label].failures.append(str(e))
+                res.errors.append(f"case {case} {prof.label} pair {i + 1}: {e}")
+                log(f"case {case} pair {i + 1} {prof.label}: FAILED: {e}")
+            finally:
+                w.close()
+                if idle:
+                    idle.close()
+    for prof in profs:
+        s = acc[prof.label].summary()
+        row = {"case": case, "kind": kind, "profiler": prof.label, **s,
+               "failures": len(acc[prof.label].failures), "target": targets.get(prof.label)}
+        sw = [x["switches"] / x["seconds"] for x in extra_a[prof.label] if x.get("switches")]
+        if sw:
+            row["switch_rate"] = median(sw)
+        res.overhead.append(row)
+    for prof in profs:
+        if prof.stats and tools.sysctl is not None and tools.sysctl.available:
+            stats_run(tools, res, case, kind, n, prof, bystander)
+
+
+def stats_run(tools: Tools, res: Results, case: str, kind: str, n: int, prof: Profiler, bystander: bool):
+    """One more profiled run, with kernel.bpf_stats_enabled on, for the BPF table."""
+    w = Worker(tools.python, kind)
+    idle = Worker(tools.python, "idle") if bystander else None
+    try:
+        w.run(max(1, n // 5))
+        tools.sysctl.on()
+        try:
+            tb, _, delta = profiled_run(tools, prof, idle.pid if bystander else w.pid, lambda: w.run(n),
+                                        f"c{case}-{kind.split()[0]}-stats", with_stats=True)
+        finally:
+            tools.sysctl.off()
+        res.bpf.append(bpf_summary(case, prof.label, [(tb, delta)]))
+        log(f"case {case} BPF run times under {prof.label}: "
+            + ", ".join(f"{prog_label(k)} {c} runs {ns / max(1, c):.0f} ns" for k, (c, ns) in delta.items()))
+    except Exception as e:                                      # noqa: BLE001
+        res.errors.append(f"case {case} {prof.label} BPF stats run: {e}")
+        log(f"case {case} {prof.label} BPF stats run: FAILED: {e}")
+    finally:
+        w.close()
+        if idle:
+            idle.close()
+
+
+def bpf_summary(case: str, label: str, runs: list) -> dict:
+    progs: Dict[str, Dict[str, list]] = {}
+    for seconds, delta in runs:
+        for name, (cnt, ns) in delta.items():
+            d = progs.setdefault(name, {"per_event": [], "rate": [], "cpu": []})
+            if cnt > 0:
+                d["per_event"].append(ns / cnt)
+            d["rate"].append(cnt / seconds)
+            d["cpu"].append(ns / seconds / 1e9)
+    return {"case": case, "profiler": label,
+            "progs": {n: {k: median(v) for k, v in d.items()} for n, d in progs.items()}}
+
+
+def pingpong_kind(tools: Tools, rate: float) -> str:
+    """The ping-pong workload with enough Python work per round trip for about
+    `rate` context switches a second (two per round trip); 0: no work, as fast
+    as the machine switches."""
+    if rate <= 0:
+        return "pingpong 0"
+    probe = 2000
+
+    def per_round_trip(k: int) -> float:
+        w = Worker(tools.python, f"pingpong {k}")
+        try:
+            w.run(2000)
+            return min(w.run(20000)[0] for _ in range(2)) / 20000
+        finally:
+            w.close()
+    bare = per_round_trip(0)
+    per_iter = max(1e-9, (per_round_trip(probe) - bare) / probe)
+    k = max(0, int((2.0 / rate - bare) / per_iter))
+    log(f"ping-pong: {bare * 1e6:.1f} us per bare round trip, {k} iterations of work per round trip "
+        f"for ~{rate:g} switches/s")
+    return f"pingpong {k}"
+
+
+def calibrate(tools: Tools, kind: str, n0: int, work_s: float) -> int:
+    w = Worker(tools.python, kind)
+    try:
+        w.run(max(1, n0 // 4))
+        times = [w.run(n0)[0] for _ in range(2)]
+    finally:
+        w.close()
+    n = max(1, int(n0 * work_s / min(times)))
+    log(f"calibrated {kind}: {n} per run (~{work_s:g} s)")
+    return n
+
+
+# -- case 5: accuracy --------------------------------------------------------------------------------
+def accuracy_case(tools: Tools, res: Results, runs: int, seconds: float):
+    from workloads import FUNCTIONS, SPLIT
+    profs = [p for p in (tools.profs.get("pyoffcpu --mode wall"), tools.profs.get("py-spy record --idle -r 100"))
+             if p]
+    per = {p.label: {"shares": [], "errors": []} for p in profs}
+    truths = []
+    for i in range(runs):
+        for prof in (profs if i % 2 == 0 else profs[::-1]):
+            tag = f"c5-{i}-{'pyoffcpu' if prof.pyoffcpu else 'pyspy'}"
+            w = Worker(tools.python, "split")
+            try:
+                holder = {}
+
+                def work():
+                    dt, extra = w.run(seconds, timeout=seconds + 60)
+                    holder["truth"] = extra
+                    return dt, extra
+                profiled_run(tools, prof, w.pid, work, tag)
+                path = os.path.join(tools.outdir, tag + (".folded" if prof.pyoffcpu else ".txt"))
+                with open(path, errors="replace") as f:
+                    stacks = parse_folded(f.read())
+                truth = {loop: {fn: holder["truth"][loop]["spent"][fn] / holder["truth"][loop]["total"]
+                                for fn in FUNCTIONS} for loop in SPLIT}
+                truths.append(truth)
+                shares, worst = {}, 0.0
+                for loop in SPLIT:
+                    s, total = function_shares(stacks, loop, FUNCTIONS)
+                    if not total:
+                        raise RuntimeError(f"no stacks under {loop} in {os.path.basename(path)}")
+                    shares[loop] = s
+                    worst = max(worst, max_error_pp(s, truth[loop]))
+                per[prof.label]["shares"].append(shares)
+                per[prof.label]["errors"].append(worst)
+                log(f"case 5 run {i + 1}/{runs} {prof.label}: max error {worst:.2f} pp")
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 5 {prof.label} run {i + 1}: {e}")
+                log(f"case 5 {prof.label} run {i + 1}: FAILED: {e}")
+            finally:
+                w.close()
+    res.accuracy = {"per": per, "truths": truths, "design": SPLIT, "functions": FUNCTIONS,
+                    "runs": runs, "seconds": seconds}
+
+
+# -- case 6: startup and teardown ---------------------------------------------------------------------
+def startup_case(tools: Tools, res: Results, runs: int, short_s: float, long_s: float):
+    out = {"pyoffcpu": [], "pyspy": [], "teardown": []}
+    for i in range(runs):
+        w = Worker(tools.python, "split")
+        p = probe = None
+        try:
+            w.start_run(3600)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            p = Proc(tools.pyoffcpu + ["-p", str(w.pid), "--mode", "wall",
+                                       "-o", os.path.join(tools.outdir, f"c6-start-{i}.folded")], env=tools.env)
+            probe = bpfstats.FirstSampleProbe(p.pid)
+            first = None
+            while first is None and time.monotonic() - t0 < 120:
+                if probe.poll():
+                    first = time.monotonic()
+                    break
+                if p.p.poll() is not None:
+                    raise RuntimeError(f"pyoffcpu exited: {p.stderr_tail()}")
+                time.sleep(0.005)
+            rec = p.wait_err(r"^pyoffcpu: recording", 60)
+            out["pyoffcpu"].append({"recording": rec - t0, "first": (first - t0) if first else None})
+            log(f"case 6 startup {i + 1}/{runs}: recording line {rec - t0:.2f}s, first sample "
+                f"{(first - t0) if first else float('nan'):.2f}s")
+            p.interrupt()
+            p.wait(120)
+        except Exception as e:                                  # noqa: BLE001
+            res.errors.append(f"case 6 startup run {i + 1}: {e}")
+            log(f"case 6 startup {i + 1}: FAILED: {e}")
+        finally:
+            if probe:
+                probe.close()
+            if p:
+                p.kill()
+            w.close()
+    if tools.pyspy:
+        for i in range(min(3, runs)):
+            w = Worker(tools.python, "split")
+            p = None
+            try:
+                w.start_run(3600)
+                time.sleep(0.3)
+                t0 = time.monotonic()
+                p = Proc(tools.pyspy + ["record", "-p", str(w.pid), "-r", "100", "--idle", "-f", "raw",
+                                        "-o", os.path.join(tools.outdir, f"c6-pyspy-{i}.txt")], merge=True)
+                t = p.wait_err(r"py-spy> Sampling process", 60)
+                out["pyspy"].append({"recording": t - t0})
+                p.interrupt()
+                p.wait(60)
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 6 py-spy startup run {i + 1}: {e}")
+            finally:
+                if p:
+                    p.kill()
+                w.close()
+    out["breakdown"] = startup_breakdown(tools)
+    plan = [("pyoffcpu", short_s), ("pyoffcpu", short_s), ("pyoffcpu", long_s)]
+    if tools.pyspy:
+        plan.insert(2, ("py-spy", short_s))
+    for i, (who, secs) in enumerate(plan):
+        w = Worker(tools.python, "split")
+        p = None
+        try:
+            w.start_run(secs + 3600)
+            svg = os.path.join(tools.outdir, f"c6-teardown-{i}.svg")
+            if who == "pyoffcpu":
+                p = Proc(tools.pyoffcpu + ["-p", str(w.pid), "--mode", "wall", "-o", svg], env=tools.env)
+                ready = p.wait_err(r"^pyoffcpu: recording", 120)
+            else:
+                p = Proc(tools.pyspy + ["record", "-p", str(w.pid), "-r", "100", "--idle", "-o", svg], merge=True)
+                ready = p.wait_err(r"py-spy> Sampling process", 60)
+            log(f"case 6 teardown: {who} recording {secs:g} s")
+            time.sleep(max(0.0, ready + secs - time.monotonic()))
+            t_sig = time.monotonic()
+            p.interrupt()
+            t_file = None
+            while p.p.poll() is None and time.monotonic() - t_sig < 600:
+                if t_file is None and os.path.exists(svg):
+                    t_file = time.monotonic()
+                time.sleep(0.01)
+            t_exit = time.monotonic()
+            if t_file is None and os.path.exists(svg):
+                t_file = t_exit
+            if p.p.poll() != 0 or t_file is None:
+                raise RuntimeError(f"{who} exited {p.p.poll()} without the SVG: {p.stderr_tail()}")
+            out["teardown"].append({"who": who, "seconds": secs, "file": t_file - t_sig,
+                                    "exit": t_exit - t_sig, "bytes": os.path.getsize(svg)})
+            log(f"case 6 teardown {who} {secs:g} s: file after {t_file - t_sig:.2f}s, exit {t_exit - t_sig:.2f}s")
+        except Exception as e:                                  # noqa: BLE001
+            res.errors.append(f"case 6 teardown {who} {secs:g}s: {e}")
+            log(f"case 6 teardown {who} {secs:g}s: FAILED: {e}")
+        finally:
+            if p:
+                p.kill()
+            w.close()
+    res.startup = out
+
+
+BREAKDOWN = [   # (file suffix, function, what it is)
+    ("bcc/__init__.py", "__init__", "bcc BPF(): clang compile (+ load of the auto-attached tracepoint program)"),
+    ("bcc/__init__.py", "load_func", "bcc load_func: the kernel verifier, all programs"),
+    ("bcc/__init__.py", "attach_perf_event", "bcc attach_perf_event: cpu-clock on every CPU"),
+    ("pyoffcpu/platform.py", "probe", "pyoffcpu platform probe (BTF offsets)"),
+    ("pyoffcpu/session.py", "_add_target", "pyoffcpu: find the target's CPython, register it"),
+]
+
+
+def startup_breakdown(tools: Tools) -> List[Tuple[str, float]]:
+    """One `pyoffcpu -p` start under cProfile: the cumulative seconds of the
+    known big steps (C work, as clang and the verifier, is not slowed down by
+    the profiler; Python work is, a little)."""
+    import pstats
+    w = Worker(tools.python, "split")
+    path = os.path.join(tools.outdir, "c6-startup.pstats")
+    try:
+        w.start_run(3600)
+        time.sleep(0.3)
+        r = subprocess.run([sys.executable, "-m", "cProfile", "-o", path, "-m", "pyoffcpu", "-p", str(w.pid),
+                            "-d", "0.5", "-o", os.path.join(tools.outdir, "c6-breakdown.folded")],
+                           capture_output=True, text=True, timeout=180, env=tools.env)
+        if r.returncode != 0 or not os.path.exists(path):
+            log(f"case 6 startup breakdown: pyoffcpu exited {r.returncode}")
+            return []
+        st = pstats.Stats(path).stats
+        out = []
+        for suffix, fn, what in BREAKDOWN:
+            cts = [v[3] for (f, _, name), v in st.items() if f.endswith(suffix) and name == fn]
+            if cts:
+                out.append((what, max(cts)))
+        return out
+    except Exception as e:                                      # noqa: BLE001
+        log(f"case 6 startup breakdown: {e}")
+        return []
+    finally:
+        w.close()
+
+
+# -- case 7: exporters -----------------------------------------------------------------------------------
+def exporters_case(tools: Tools, res: Results):
+    for fmt, ext in (("folded", "folded"), ("svg", "svg"), ("speedscope", "json")):
+        path = os.path.join(tools.outdir, f"c7.{ext}")
+        try:
+            r = subprocess.run([sys.executable, EXPORTERS, fmt, path], capture_output=True, text=True,
+                               timeout=600, env=tools.env)
+            if r.returncode != 0:
+                raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
+            d = json.loads(r.stdout.strip().splitlines()[-1])
+            res.exporters.append(d)
+            log(f"case 7 {fmt}: export {d['export_s']:.2f}s, peak RSS {fmt_bytes(d['maxrss'])}")
+            os.unlink(path)
+        except Exception as e:                                  # noqa: BLE001
+            res.errors.append(f"case 7 {fmt}: {e}")
+            log(f"case 7 {fmt}: FAILED: {e}")
+
+
+# -- the report ---------------------------------------------------------------------------------------------
+def machine_info(tools: Tools) -> Dict[str, str]:
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    virt = ""
+    try:
+        r = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10)
+        m = re.search(r"Hypervisor vendor:\s*(\S+)", r.stdout)
+        if m:
+            virt = f", {m.group(1)} guest"
+    except OSError:
+        pass
+    try:
+        tpy = subprocess.run([tools.python, "-c", "import sys; print(sys.version.split()[0])"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        tpy = "?"
+    rev = ""
+    try:
+        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, timeout=10)
+        rev = r.stdout.strip()
+        if subprocess.run(["git", "-C", ROOT, "diff", "--quiet", "HEAD"], timeout=10).returncode:
+            rev += " + uncommitted changes"
+    except OSError:
+        pass
+    return {"cpu": model + virt, "cores": str(os.cpu_count()), "kernel": platform.release(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "target python": f"{tools.python} ({tpy})",
+            "py-spy": tools.pyspy_version or "not available", "pyoffcpu": rev or "?"}
+
+
+def cpu_times() -> List[int]:
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def targets_summary(res: Results) -> List[List[str]]:
+    """One row per target of issue #5: what, limit, measured, PASS/MISS."""
+    rows = []
+    for r in res.overhead:
+        if r["target"]:
+            rows.append([f"case {r['case']}: {r['profiler']}, median B/A", f"<= {r['target']:.2f}",
+                         fmt_num(r["ratio_median"]), verdict(r["ratio_median"], r["target"])])
+    if res.accuracy:
+        for lb, d in res.accuracy["per"].items():
+            if lb.startswith("pyoffcpu"):
+                m = median(d["errors"])
+                rows.append(["case 5: max error per function (pp)", "<= 1.5",
+                             fmt_num(m, 2), verdict(m, 1.5)])
+    if res.startup and res.startup["pyoffcpu"]:
+        m = median([r["first"] for r in res.startup["pyoffcpu"] if r["first"] is not None])
+        rows.append(["case 6: start to first sample (s)", "<= 2", fmt_num(m, 2), verdict(m, 2.0)])
+    for d in res.exporters:
+        if d["format"] == "svg":
+            rows.append(["case 7: SVG export of 1M samples / 50k stacks (s)", "<= 10",
+                         fmt_num(d["export_s"], 2), verdict(d["export_s"], 10.0)])
+    return rows
+
+
+def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Optional[float]) -> str:
+    out = []
+    out.append("## Machine\n")
+    for k, v in machine.items():
+        out.append(f"- {k}: {v}")
+    out.append(f"- load average at the end: {' '.join(open('/proc/loadavg').read().split()[:3])}"
+               + (f"; CPU time stolen by the hypervisor during the bench: {steal:.1f}%" if steal is not None else ""))
+    out.append(f"- bench: {args.pairs} pairs per row, {args.work_s:g} s of work per run, "
+               f"total {wall_s / 60:.1f} min")
+    out.append("")
+    summary = targets_summary(res)
+    if summary:
+        out.append("## Targets (issue #5; reports, not test failures)\n")
+        out.append(markdown_table(["target", "limit", "measured", ""], summary, "lrrl"))
+        out.append("")
+    if res.overhead:
+        out.append("## Slowdown (cases 1-4): B/A per pair, A = target alone, B = profiled\n")
+        rows = []
+        for r in res.overhead:
+            name = {"1": "1 CPU-bound, 1 thread", "2": "2 busy + 150 blocked threads",
+                    "3": "3 switch-heavy ping-pong", "4": "4 bystander: ping-pong beside"}[r["case"]]
+            if r.get("switch_rate"):
+                name += f" ({r['switch_rate'] / 1000:.0f}k switches/s)"
+            tgt = r["target"]
+            wait = ("n/a" if r["wait_a"] is None else
+                    f"{100 * r['wait_a']:.0f}% / {100 * r['wait_b']:.0f}%")
+            rows.append([name, r["profiler"], f"{r['n']}" + (f" ({r['failures']} failed)" if r["failures"] else ""),
+                         fmt_num(r["a_median"]), fmt_num(r["b_median"]), fmt_num(r["ratio_median"]),
+                         fmt_ratio_range(r["ratio_min"], r["ratio_max"]),
+                         f"<= {tgt:.2f}" if tgt else "—", verdict(r["ratio_median"], tgt),
+                         fmt_num(r["cpu_ratio_median"]), fmt_ratio_range(r["cpu_ratio_min"], r["cpu_ratio_max"]),
+                         wait])
+        out.append(markdown_table(["case", "profiler", "pairs", "alone s (median)", "profiled s (median)",
+                                   "ratio median", "ratio min–max", "target", "",
+                                   "CPU-time ratio median", "CPU-time ratio min–max",
+                                   "waiting for a CPU A / B"],
+                                  rows, "llrrrrrrlrrr"))
+        out.append("")
+        out.append("Each pair: one fresh target process, a warm-up, then the fixed work once alone (A) and "
+                   "once with the profiler attached (B), AB and BA alternating; the profiler is started "
+                   "before B and has exited before A, so neither time holds its start-up or teardown. "
+                   "Case 4 profiles a second, idle process; the ping-pong process is not profiled. "
+                   "The verdict is on wall time. The CPU-time ratio (the target's user+system time, "
+                   "which includes BPF run in its context) and the share of the run the target spent "
+                   "runnable but waiting for a CPU (medians, A / B; summed over the target's threads, so "
+                   "it can pass 100%) show how much of the spread is the machine's other load. The "
+                   "ping-pong threads are pinned to one CPU, so for them waiting for a CPU is part of "
+                   "the design.")
+        out.append("")
+    if res.bpf:
+        out.append("## BPF cost (case 8): run time per event of the programs, kernel.bpf_stats_enabled\n")
+        rows = []
+        for b in res.bpf:
+            for name, d in sorted(b["progs"].items()):
+                rows.append([b["case"], b["profiler"], prog_label(name),
+                             fmt_num(d["per_event"], 0) if d["per_event"] is not None else "no runs",
+                             f"{d['rate']:.0f}" if d["rate"] is not None else "n/a",
+                             f"{100 * d['cpu']:.2f}%" if d["cpu"] is not None else "n/a"])
+        out.append(markdown_table(["case", "profiler", "program", "ns per event", "events/s",
+                                   "CPU (share of one core)"], rows, "lllrrr"))
+        out.append("")
+        out.append("From one more profiled run per row, the only runs with kernel.bpf_stats_enabled=1 (it "
+                   "adds two clock reads to every program run, so the slowdown pairs run without it). "
+                   "Events are every run of the program, filtered out or not: sched_switch runs for every "
+                   "switch on the machine, on_cpu_sample for every tick of every CPU that is not idle.")
+        out.append("")
+    if res.accuracy:
+        out.extend(render_accuracy(res.accuracy))
+    if res.startup:
+        out.extend(render_startup(res.startup, args))
+    if res.exporters:
+        out.append("## Exporters (case 7): synthetic profile, 1,000,000 samples over 50,000 stacks\n")
+        rows = []
+        for d in res.exporters:
+            tgt = 10.0 if d["format"] == "svg" else None
+            rows.append([d["format"], f"{d['build_s']:.2f}", f"{d['export_s']:.2f}",
+                         fmt_bytes(d["rss_after_build"]), fmt_bytes(d["maxrss"]), fmt_bytes(d["bytes"]),
+                         f"<= {tgt:g} s" if tgt else "—", verdict(d["export_s"], tgt)])
+        out.append(markdown_table(["format", "build Profile s", "export s", "RSS after build",
+                                   "peak RSS", "output", "target", ""], rows, "lrrrrrrl"))
+        out.append("")
+        out.append("Each format in its own process; peak RSS is its ru_maxrss (Profile included).")
+        out.append("")
+    if res.notes:
+        out.append("## Notes\n")
+        out.extend(f"- {n}" for n in res.notes)
+        out.append("")
+    if res.errors:
+        out.append("## Failed measurements\n")
+        out.extend(f"- {e}" for e in res.errors)
+        out.append("")
+    return "\n".join(out)
+
+
+def render_accuracy(a: dict) -> List[str]:
+    out = [f"## Accuracy (case 5): wall-time split, 2 threads, {a['runs']} x {a['seconds']:g} s per profiler\n"]
+    labels = list(a["per"])
+    rows = []
+    for loop, plan in a["design"].items():
+        cycle = sum(plan.values())
+        for fn in a["functions"]:
+            truth = median([t[loop][fn] for t in a["truths"]])
+            row = [loop.replace("_loop", ""), fn, f"{100 * plan[fn] / cycle:.1f}",
+                   f"{100 * truth:.1f}" if truth is not None else "n/a"]
+            for lb in labels:
+                v = median([s[loop][fn] for s in a["per"][lb]["shares"]])
+                row.append(f"{100 * v:.1f}" if v is not None else "n/a")
+            rows.append(row)
+    out.append(markdown_table(["thread", "function", "designed %", "measured by the target %"]
+                              + [f"{lb} %" for lb in labels], rows, "ll" + "r" * (2 + len(labels))))
+    out.append("")
+    rows = []
+    for lb in labels:
+        errs = a["per"][lb]["errors"]
+        tgt = 1.5 if lb.startswith("pyoffcpu") else None
+        rows.append([lb, fmt_num(median(errs), 2), fmt_ratio_range(min(errs), max(errs)) if errs else "n/a",
+                     f"<= {tgt:g}" if tgt else "—", verdict(median(errs), tgt)])
+    out.append(markdown_table(["profiler", "max error pp (median of runs)", "min–max over runs", "target", ""],
+                              rows, "lrrrl"))
+    out.append("")
+    out.append("Shares are inclusive, of each thread's time in its loop; the truth is what the target "
+               "timed itself (perf_counter around each call). pyoffcpu's weights are microseconds, "
+               "py-spy's are samples at 100 Hz (with --idle).")
+    out.append("")
+    return out
+
+
+def render_startup(s: dict, args) -> List[str]:
+    out = ["## Startup and teardown (case 6)\n"]
+    rows = []
+    po = s["pyoffcpu"]
+    if po:
+        firsts = [r["first"] for r in po if r["first"] is not None]
+        recs = [r["recording"] for r in po]
+        rows.append(["pyoffcpu -p PID --mode wall", "start to `recording` line", len(recs),
+                     fmt_num(median(recs), 2), fmt_ratio_range(min(recs), max(recs)), "—", ""])
+        rows.append(["pyoffcpu -p PID --mode wall", "start to first sample in the kernel map", len(firsts),
+                     fmt_num(median(firsts), 2), fmt_ratio_range(min(firsts), max(firsts)) if firsts else "n/a",
+                     "<= 2 s", verdict(median(firsts), 2.0)])
+    if s["pyspy"]:
+        recs = [r["recording"] for r in s["pyspy"]]
+        rows.append(["py-spy record -p PID", "start to `Sampling process` line", len(recs),
+                     fmt_num(median(recs), 2), fmt_ratio_range(min(recs), max(recs)), "—", ""])
+    for who in ("pyoffcpu", "py-spy"):
+        for secs in sorted({t["seconds"] for t in s["teardown"] if t["who"] == who}):
+            ts = [t for t in s["teardown"] if t["who"] == who and t["seconds"] == secs]
+            files = [t["file"] for t in ts]
+            rows.append([f"{who} → SVG, {secs:g} s recording", "SIGINT to file written", len(ts),
+                         fmt_num(median(files), 2), fmt_ratio_range(min(files), max(files)), "—", ""])
+    out.append(markdown_table(["what", "measured", "runs", "median s", "min–max s", "target", ""], rows,
+                              "llrrrrl"))
+    out.append("")
+    out.append("First sample: the bench polls a copy of pyoffcpu's `agg` map fd (pidfd_getfd) until it "
+               "holds an entry. Target: the split workload (two busy-ish Python threads).")
+    if s.get("breakdown"):
+        out.append("")
+        out.append("Where a start goes (one `pyoffcpu -p` start under cProfile, cumulative seconds; "
+                   "steps may nest):\n")
+        out.append(markdown_table(["step", "s"], [[w, f"{t:.2f}"] for w, t in s["breakdown"]], "lr"))
+        out.append("")
+    if args.long_s < 600:
+        out.append(f"The long recording is {args.long_s:g} s, not the issue's 10 min, to keep `make bench` "
+                   f"under 15 minutes; BENCH_LONG_S=600 make bench for the full one.")
+    out.append("")
+    return out
+
+
+# -- main ----------------------------------------------------------------------------------------------------
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 7)))
+    ap.add_argument("--work-s", type=float, default=float(os.environ.get("BENCH_WORK_S", 1.0)))
+    ap.add_argument("--long-s", type=float, default=float(os.environ.get("BENCH_LONG_S", 60)))
+    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7"),
+                    help="comma-separated subset of 1-7 (8 comes with 1-4)")
+    ap.add_argument("--python", default=os.environ.get("BENCH_PYTHON", "/usr/bin/python3"))
+    ap.add_argument("--accuracy-runs", type=int, default=int(os.environ.get("BENCH_ACC_RUNS", 2)))
+    ap.add_argument("--accuracy-s", type=float, default=float(os.environ.get("BENCH_ACC_S", 8)))
+    ap.add_argument("--startup-runs", type=int, default=int(os.environ.get("BENCH_STARTUP_RUNS", 5)))
+    ap.add_argument("--rev", default=os.environ.get("BENCH_REV"),
+                    help="benchmark this commit (git archive into a temporary folder) instead of "
+                         "the working tree, e.g. HEAD while others have uncommitted edits")
+    ap.add_argument("--tree", default=os.environ.get("BENCH_TREE"),
+                    help="run pyoffcpu from this source tree (e.g. a `git archive` of a commit) "
+                         "instead of the installed one")
+    ap.add_argument("--switch-rate", type=float, default=float(os.environ.get("BENCH_SWITCH_RATE", 40000)),
+                    help="context switches/s of the ping-pong in cases 3 and 4 (the issue: tens of "
+                         "thousands); 0: no work between round trips, as fast as the machine switches")
+    ap.add_argument("--no-references", dest="references", action="store_false",
+                    default=os.environ.get("BENCH_REFERENCES", "1") != "0",
+                    help="leave out case 4's reference programs (empty tracepoint, raw tracepoint)")
+    ap.add_argument("--results", default=RESULTS, help="Markdown file to write (- for none)")
+    ap.add_argument("--keep", action="store_true", help="keep the profiles written (their folder is printed)")
+    args = ap.parse_args()
+    cases = {c.strip() for c in args.cases.split(",") if c.strip()}
+
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (BPF, pidfd_getfd, the bpf_stats sysctl): run 'sudo make bench'")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    pyoffcpu_exe = os.path.join(os.path.dirname(sys.executable), "pyoffcpu")
+    po = [pyoffcpu_exe] if os.path.exists(pyoffcpu_exe) else [sys.executable, "-m", "pyoffcpu"]
+    env = None
+    label = ""
+    if args.rev:
+        args.tree = tempfile.mkdtemp(prefix="pyoffcpu-bench-src-")
+        try:
+            rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.rev], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+            archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", rev], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", args.tree], input=archive, check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            sys.exit(f"bench: cannot export {args.rev}: {e}")
+        label = f"{rev} ({args.rev}, exported with git archive; uncommitted edits not included)"
+    elif args.tree:
+        label = f"source tree {os.path.abspath(args.tree)}"
+    if args.tree:
+        tree = os.path.abspath(args.tree)
+        if not os.path.isfile(os.path.join(tree, "pytool", "pyoffcpu", "cli.py")):
+            sys.exit(f"bench: {tree} is not a pyoffcpu source tree")
+        env = dict(os.environ, PYTHONPATH=os.path.join(tree, "pytool"))
+        po = [sys.executable, "-m", "pyoffcpu"]
+    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6"} else (None, "")
+    tools = Tools(args.python, po, pyspy, pyspy_version, tempfile.mkdtemp(prefix="pyoffcpu-bench-"), env)
+    tools.profs = profilers(tools)
+    res = Results()
+    machine = machine_info(tools)
+    if label:
+        machine["pyoffcpu"] = label
+    cpu0 = cpu_times()
+    sysctl = tools.sysctl = bpfstats.StatsSysctl()
+    try:
+        if not sysctl.available:
+            res.notes.append("kernel.bpf_stats_enabled cannot be read: no BPF run times")
+        elif sysctl.original != "0":
+            res.notes.append(f"kernel.bpf_stats_enabled was {sysctl.original} when the bench started "
+                             "and stayed so: the slowdown pairs include its cost")
+        P = tools.profs
+        four = [P[k] for k in ("pyoffcpu --mode cpu -F 99", "pyoffcpu --mode wall", "py-spy record -r 100",
+                               "py-spy record --native -r 100") if k in P]
+        t12 = {"pyoffcpu --mode cpu -F 99": 1.02, "pyoffcpu --mode wall": 1.03}
+        if cases & {"1", "2"}:
+            n_cpu = calibrate(tools, "cpu", 2000, args.work_s)
+        if "1" in cases:
+            log("case 1: CPU-bound, one thread")
+            slowdown_case(tools, res, "1", "cpu", n_cpu, four, args.pairs, t12)
+        if "2" in cases:
+            log("case 2: one busy thread + 150 blocked")
+            slowdown_case(tools, res, "2", "threads", n_cpu, four, args.pairs, t12)
+        if cases & {"3", "4"}:
+            pp = pingpong_kind(tools, args.switch_rate)
+            n_pp = calibrate(tools, pp, 20000, args.work_s)
+        if "3" in cases:
+            log("case 3: switch-heavy ping-pong")
+            two = [P[k] for k in ("pyoffcpu --mode wall", "py-spy record --idle -r 100") if k in P]
+            slowdown_case(tools, res, "3", pp, n_pp, two, args.pairs, {"pyoffcpu --mode wall": 1.10})
+        if "4" in cases:
+            log("case 4: bystander")
+            refs = [v for k, v in P.items() if k.startswith("reference:")] if args.references else []
+            slowdown_case(tools, res, "4", pp, n_pp, [P["pyoffcpu --mode wall"]] + refs, args.pairs,
+                          {"pyoffcpu --mode wall": 1.03}, bystander=True)
+        if "5" in cases:
+            log("case 5: accuracy")
+            accuracy_case(tools, res, args.accuracy_runs, args.accuracy_s)
+        if "6" in cases:
+            log("case 6: startup and teardown")
+            startup_case(tools, res, args.startup_runs, 10.0, args.long_s)
+        if "7" in cases:
+            log("case 7: exporters")
+            exporters_case(tools, res)
+    except KeyboardInterrupt:
+        res.errors.append("interrupted: the tables hold what was measured before")
+    finally:
+        sysctl.off()
+        for p in _procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    cpu1 = cpu_times()
+    steal = None
+    if len(cpu1) > 7:
+        d = [b - a for a, b in zip(cpu0, cpu1)]
+        steal = 100 * d[7] / max(1, sum(d[:8]))
+    wall = time.monotonic() - T0
+    report = render(res, machine, args, wall, steal)
+    print(report)
+    if args.results != "-":
+        knobs = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("BENCH_"))
+        cmd = (knobs + " " if knobs else "") + ("make bench" if os.environ.get("MAKELEVEL") else " ".join(
+            [os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT) else sys.executable,
+             os.path.relpath(os.path.abspath(__file__), ROOT)] + sys.argv[1:]))
+        with open(args.results, "w") as f:
+            f.write(f"# pyoffcpu bench results\n\n{time.strftime('%Y-%m-%d %H:%M:%S %Z')}, "
+                    f"`{cmd}` (tools/bench/run.py)\n\n{report}\n")
+        log(f"wrote {os.path.relpath(args.results, ROOT)}")
+    if args.keep:
+        log(f"profiles kept in {tools.outdir}")
+    else:
+        shutil.rmtree(tools.outdir, ignore_errors=True)
+    if args.rev:
+        shutil.rmtree(args.tree, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
