@@ -22,7 +22,13 @@ version does not have is -1.
 The result is the data module ``OFFSETS = {(3, 7): {...}, ...}``.  3.14 has no
 compiled headers here; its values are transcribed from the reference document
 (``/work/shared/reference/cpython-frames.md``, "from source, not compiled") into a
-separate ``OFFSETS_FROM_SOURCE`` dict, -1 where the document gives nothing.
+separate ``OFFSETS_FROM_SOURCE`` dict, -1 where the document gives nothing (plus
+the autoTSSkey position, SOURCE_314_EXTRA below).
+
+From 3.13 on the probe also prints where ``_Py_DebugOffsets`` (the struct at the
+start of ``_PyRuntime``) keeps each value it publishes: ``DEBUG_POSITIONS``
+(compiled) and ``DEBUG_POSITIONS_FROM_SOURCE`` (3.14, DEBUG_POSITIONS_314 below).
+The loader reads those values from the target and prefers them to the table.
 
 Self checks (the script fails, printing every mismatch, when one does not hold):
 
@@ -32,7 +38,9 @@ Self checks (the script fails, printing every mismatch, when one does not hold):
   for every field and version the document lists (3.8 .. 3.13); "-" in the
   document must be -1 here;
 * the probe's extra values (``sizeof(_PyInterpreterFrame)``, ``tstate->cframe``
-  in 3.10) match the document too, though they are not part of the table.
+  in 3.10) match the document too, though they are not part of the table;
+* the ``_Py_DebugOffsets`` positions equal those the document lists (3.13
+  compiled, 3.14 transcribed).
 
 Requirements: ``gcc`` and the pyenv installs (headers ship with them).  Only
 x86_64 Linux, default (GIL, release) builds are meant.
@@ -102,6 +110,67 @@ KEYS = (
 
 # Probe values that are only used for cross-checking, never written to the table.
 EXTRA_KEYS = ("x_iframe_size", "x_tstate_cframe")
+
+# _Py_DebugOffsets (3.13+): the table keys CPython also publishes at run time,
+# and the member of the struct that holds each one.  The probe prints the
+# position of every member (``dbg_<key>``); the table gets DEBUG_POSITIONS.
+DEBUG_FIELDS = (
+    ("version", "version"),
+    ("free_threaded", "free_threaded"),
+    ("runtime_interpreters_head", "runtime_state.interpreters_head"),
+    ("interp_next", "interpreter_state.next"),
+    ("interp_threads_head", "interpreter_state.threads_head"),
+    ("tstate_next", "thread_state.next"),
+    ("tstate_interp", "thread_state.interp"),
+    ("tstate_current_frame", "thread_state.current_frame"),
+    ("tstate_thread_id", "thread_state.thread_id"),
+    ("tstate_native_thread_id", "thread_state.native_thread_id"),
+    ("iframe_previous", "interpreter_frame.previous"),
+    ("iframe_code", "interpreter_frame.executable"),
+    ("iframe_instr", "interpreter_frame.instr_ptr"),
+    ("iframe_owner", "interpreter_frame.owner"),
+    ("code_filename", "code_object.filename"),
+    ("code_name", "code_object.name"),
+    ("code_qualname", "code_object.qualname"),
+    ("code_linetable", "code_object.linetable"),
+    ("code_firstlineno", "code_object.firstlineno"),
+    ("code_code_adaptive", "code_object.co_code_adaptive"),
+    ("object_type", "pyobject.ob_type"),
+    ("type_name", "type_object.tp_name"),
+    ("bytes_size", "bytes_object.ob_size"),
+    ("bytes_data", "bytes_object.ob_sval"),
+    ("unicode_state", "unicode_object.state"),
+    ("unicode_length", "unicode_object.length"),
+    ("ascii_data", "unicode_object.asciiobject_size"),
+)
+DEBUG_KEYS = tuple(key for key, _ in DEBUG_FIELDS) + ("sizeof",)
+
+# 3.14 positions, NOT compiled: summed by hand from the _Py_DebugOffsets of
+# py-spy's bindgen output for the v3.14.0 headers (src/python_bindings/v3_14_0.rs;
+# every member a u64 after char cookie[8]); they agree with every position the
+# reference document lists (cpython-frames.md section 3).
+DEBUG_POSITIONS_314 = {
+    "version": 8, "free_threaded": 16,
+    "runtime_interpreters_head": 40,
+    "interp_next": 64, "interp_threads_head": 72,
+    "tstate_next": 192, "tstate_interp": 200, "tstate_current_frame": 208,
+    "tstate_thread_id": 216, "tstate_native_thread_id": 224,
+    "iframe_previous": 256, "iframe_code": 264, "iframe_instr": 272, "iframe_owner": 288,
+    "code_filename": 320, "code_name": 328, "code_qualname": 336, "code_linetable": 344,
+    "code_firstlineno": 352, "code_code_adaptive": 384,
+    "object_type": 408, "type_name": 424,
+    "bytes_size": 600, "bytes_data": 608,
+    "unicode_state": 624, "unicode_length": 632, "ascii_data": 640,
+    "sizeof": 760,
+}
+
+# 3.14 values the reference document does not give, NOT compiled either:
+# _PyRuntime.autoTSSkey, from the same bindgen output (v3.14.0, and v3.14.5
+# unchanged): every _PyRuntimeState member before it has its 3.13 size except
+# _Py_DebugOffsets (584 -> 760 bytes), so 3.13's 2160 + 176.  Py_tss_t is
+# {int _is_initialized; pthread_key_t _key;} as before.  The loader does not
+# trust this number alone: it derives the key from the live threads too.
+SOURCE_314_EXTRA = {"runtime_autotss": 2336, "tss_is_initialized": 0, "tss_key": 4}
 
 # Keys that must be -1 for a given minor version (anything else must be >= 0).
 _FRAMEOBJ = {"tstate_frame", "frame_back", "frame_code", "frame_lasti", "code_code"}
@@ -242,9 +311,17 @@ int main(void)
     P("object_type", offsetof(PyObject, ob_type));
     P("type_basicsize", offsetof(PyTypeObject, tp_basicsize));
     P("type_name", offsetof(PyTypeObject, tp_name));
+
+#if PY_VERSION_HEX >= 0x030D0000
+#  define D(key, member) P("dbg_" key, offsetof(_Py_DebugOffsets, member))
+@DEBUG_LINES@
+    P("dbg_sizeof", sizeof(_Py_DebugOffsets));
+#endif
     return 0;
 }
 """
+PROBE_C = PROBE_C.replace("@DEBUG_LINES@", "\n".join(
+    '    D("%s", %s);' % (key, member) for key, member in DEBUG_FIELDS))
 
 # ---------------------------------------------------------------------------
 # Reference document values (cpython-frames.md, section 1), transcribed.
@@ -304,7 +381,9 @@ REFERENCE_DOC = {
 def from_source_314():
     """3.14 values from the reference document (not compiled); -1 elsewhere."""
     doc = REFERENCE_DOC[(3, 14)]
-    return {key: (doc[key] if doc.get(key) is not None else -1) for key in KEYS}
+    out = {key: (doc[key] if doc.get(key) is not None else -1) for key in KEYS}
+    out.update(SOURCE_314_EXTRA)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -387,7 +466,7 @@ def generate():
     if not installs:
         raise RuntimeError("no pyenv CPython 3.%d-3.%d with headers found under %s"
                            % (MIN_MINOR, MAX_MINOR, pyenv_root()))
-    offsets, sources, extras, problems = {}, {}, {}, []
+    offsets, sources, extras, debug, problems = {}, {}, {}, {}, []
     with tempfile.TemporaryDirectory(prefix="gen_offsets.") as tmp:
         for ver in sorted(installs):
             per_patch = []
@@ -403,6 +482,7 @@ def generate():
                                   if vals.get(k) != ovals.get(k))
                     problems.append("3.%d: %s and %s differ in %s"
                                     % (ver[1], other, name, ", ".join(diff)))
+            debug[ver] = {k[4:]: vals.pop(k) for k in list(vals) if k.startswith("dbg_")}
             unknown = set(vals) - set(KEYS) - set(EXTRA_KEYS)
             if unknown:
                 problems.append("3.%d: probe printed unknown keys %s"
@@ -416,7 +496,53 @@ def generate():
             offsets[ver] = table
             sources[ver] = [n for n, _ in per_patch]
             extras[ver] = {k: vals.get(k, -1) for k in EXTRA_KEYS}
-    return offsets, sources, extras, problems
+            if ver >= (3, 13) and set(debug[ver]) != set(DEBUG_KEYS):
+                problems.append("3.%d: _Py_DebugOffsets positions missing for %s"
+                                % (ver[1], sorted(set(DEBUG_KEYS) - set(debug[ver]))))
+    debug = {ver: pos for ver, pos in debug.items() if pos}
+    return offsets, sources, extras, debug, problems
+
+
+# Positions in _Py_DebugOffsets the reference document lists (section 3), for
+# the self-check; 3.14's are those of DEBUG_POSITIONS_314.
+REFERENCE_DEBUG = {
+    (3, 13): {"version": 8, "free_threaded": 16, "runtime_interpreters_head": 40,
+              "interp_next": 64, "interp_threads_head": 72, "tstate_next": 168,
+              "tstate_current_frame": 184, "tstate_thread_id": 192,
+              "tstate_native_thread_id": 200, "iframe_previous": 232, "iframe_code": 240,
+              "iframe_instr": 248, "iframe_owner": 264, "code_filename": 280,
+              "code_name": 288, "code_qualname": 296, "code_linetable": 304,
+              "code_firstlineno": 312, "code_code_adaptive": 344, "bytes_size": 520,
+              "bytes_data": 528, "unicode_state": 544, "unicode_length": 552,
+              "ascii_data": 560, "sizeof": 584},
+    (3, 14): {"version": 8, "free_threaded": 16, "runtime_interpreters_head": 40,
+              "interp_next": 64, "interp_threads_head": 72, "tstate_next": 192,
+              "tstate_current_frame": 208, "tstate_thread_id": 216,
+              "tstate_native_thread_id": 224, "iframe_previous": 256, "iframe_code": 264,
+              "iframe_instr": 272, "iframe_owner": 288, "code_filename": 320,
+              "code_name": 328, "code_qualname": 336, "code_linetable": 344,
+              "code_firstlineno": 352, "code_code_adaptive": 384, "bytes_size": 600,
+              "bytes_data": 608, "unicode_state": 624, "unicode_length": 632,
+              "ascii_data": 640, "sizeof": 760},
+}
+
+
+def cross_check_debug(debug):
+    """Debug-offset positions against the reference document; mismatch lines."""
+    out = []
+    tables = dict(debug)
+    tables[(3, 14)] = DEBUG_POSITIONS_314
+    for ver, doc in sorted(REFERENCE_DEBUG.items()):
+        if ver not in tables:
+            continue
+        for key, want in sorted(doc.items()):
+            got = tables[ver].get(key, -1)
+            if got != want:
+                out.append("3.%d _Py_DebugOffsets %s: %d, reference doc %d"
+                           % (ver[1], key, got, want))
+    if set(DEBUG_POSITIONS_314) != set(DEBUG_KEYS):
+        out.append("3.14 _Py_DebugOffsets positions incomplete")
+    return out
 
 
 def cross_check(offsets, extras):
@@ -436,7 +562,7 @@ def cross_check(offsets, extras):
     return mismatches
 
 
-def render(offsets, sources):
+def render(offsets, sources, debug):
     lines = [
         "# Generated by `%s` -- DO NOT EDIT." % GENERATE_CMD,
         "# Regenerate with that command; verify with `%s --check`." % GENERATE_CMD,
@@ -450,7 +576,11 @@ def render(offsets, sources):
         "",
         "OFFSETS_FROM_SOURCE: NOT compiled.  3.14 values transcribed from the",
         "project reference (cpython-frames.md, layouts computed from the v3.14.0",
-        "sources); -1 where that reference gives no value.",
+        "sources), the autoTSSkey position from py-spy's bindgen of the v3.14.0",
+        "headers (SOURCE_314_EXTRA in the generator); -1 where neither gives one.",
+        "",
+        "DEBUG_POSITIONS: where _Py_DebugOffsets (3.13+) publishes each value at",
+        "run time; the loader reads them from the target and prefers them.",
         '"""',
         "",
         "KEYS = (",
@@ -473,6 +603,22 @@ def render(offsets, sources):
               "OFFSETS_FROM_SOURCE = {"]
     dump({(3, 14): from_source_314()})
     lines += ["}", ""]
+
+    def dump_debug(table):
+        for ver in sorted(table):
+            lines.append("    (%d, %d): {" % ver)
+            for key in DEBUG_KEYS:
+                lines.append('        "%s": %d,' % (key, table[ver][key]))
+            lines.append("    },")
+
+    lines += ["# Positions (bytes) of fields inside _Py_DebugOffsets, the struct at the",
+              "# start of _PyRuntime from 3.13 on; keys are OFFSETS keys whose run-time",
+              "# value CPython publishes there, plus version, free_threaded and sizeof.",
+              "DEBUG_POSITIONS = {"]
+    dump_debug(debug)
+    lines += ["}", "", "# 3.14: from source, NOT compiled.", "DEBUG_POSITIONS_FROM_SOURCE = {"]
+    dump_debug({(3, 14): DEBUG_POSITIONS_314})
+    lines += ["}", ""]
     return "\n".join(lines)
 
 
@@ -485,11 +631,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     try:
-        offsets, sources, extras, problems = generate()
+        offsets, sources, extras, debug, problems = generate()
     except RuntimeError as exc:
         print("gen_offsets: %s" % exc, file=sys.stderr)
         return 2
     problems += cross_check(offsets, extras)
+    problems += cross_check_debug(debug)
     if problems:
         print("gen_offsets: self-check FAILED:", file=sys.stderr)
         for line in problems:
@@ -499,7 +646,7 @@ def main(argv=None):
     if missing:
         print("gen_offsets: warning: no install for 3.%s"
               % ", 3.".join(str(m) for m in missing), file=sys.stderr)
-    text = render(offsets, sources)
+    text = render(offsets, sources, debug)
 
     if args.print_:
         sys.stdout.write(text)

@@ -27,12 +27,17 @@ class CodeInfo:
     _lines: object = None   # decoded table, built on first use
 
     def line_for(self, version: Tuple[int, int], offset: int) -> int:
+        """The line of the instruction `offset` bytes into the bytecode; -1: none."""
         if offset < 0:
             return self.firstlineno
-        try:
-            line = linetable.line_for_offset(version, self.table, self.firstlineno, offset)
-        except Exception:
+        if self._lines is None:
+            try:
+                self._lines = linetable.LineTable(version, self.table, self.firstlineno)
+            except Exception:
+                self._lines = False
+        if self._lines is False:
             return -1
+        line = self._lines.line_for_offset(offset)
         return line if line is not None else -1
 
 

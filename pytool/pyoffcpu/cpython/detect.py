@@ -1,9 +1,19 @@
 """Finds the CPython interpreter inside a process and what BPF needs to walk it.
 
 The interpreter is found by the `_PyRuntime` symbol in the executable or in a
-loaded shared object (static, shared, venvs, renamed or embedded builds); the
-version comes from the ELF (`Py_Version`, or the PY_VERSION string), never from
-a file name.
+loaded shared object (static, shared, venvs, renamed or embedded builds).  The
+version comes from the ELF and the target's memory, never from a file name:
+`Py_Version` (3.11+), the `_Py_DebugOffsets` header at the start of
+`_PyRuntime` (3.13+), or before 3.11 the newest exported C-API function plus
+the PY_VERSION string.
+
+Offsets come from the generated table (offsets_table.py); from 3.13 on the
+values the target publishes in `_Py_DebugOffsets` replace them, and a
+disagreement is reported as a notice.  The pthread key of `autoTSSkey` (what
+BPF reads to find a thread's PyThreadState) is read from `_PyRuntime` and
+checked against the live threads' thread-specific data, which also finds it
+where the table's position is wrong (3.7.0-3.7.3 lay `_PyRuntime` out
+differently from 3.7.4+) or unverified (3.14).
 """
 from __future__ import annotations
 
@@ -13,13 +23,19 @@ import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from .. import symbols
 from ..memory import MemoryError_, ProcessMemory
-from .offsets_table import OFFSETS
+from ..platform import GLIBC_PTHREAD_SPECIFIC
+from . import debug_offsets
+from .offsets_table import OFFSETS, OFFSETS_FROM_SOURCE
 
-SUPPORTED = sorted(OFFSETS)
+SUPPORTED = sorted(set(OFFSETS) | set(OFFSETS_FROM_SOURCE))
+SUPPORTED_TEXT = "%d.%d-%d.%d" % (SUPPORTED[0] + SUPPORTED[-1])
+FIRST_BLOCK_KEYS = 32           # glibc keeps keys < 32 inline in struct pthread
+MAX_SCAN_THREADS = 16           # thread states looked at to derive the tss key
 
 
 @dataclass
@@ -29,9 +45,11 @@ class PythonProcess:
     binary: str                             # file holding _PyRuntime
     runtime: int                            # &_PyRuntime in the target
     offsets: Dict[str, int]
-    tss_key: int = -1                       # autoTSSkey's pthread key, -1 until initialised
+    tss_key: int = -1                       # autoTSSkey's pthread key, -1 until known, -2 unusable
     code_type: int = 0                      # &PyCode_Type
     notices: List[str] = field(default_factory=list)
+    debug_offsets: bool = False             # offsets include the target's _Py_DebugOffsets
+    from_source: bool = False               # the table's values were not compiled (3.14)
 
     @property
     def minor(self) -> Tuple[int, int]:
@@ -47,13 +65,22 @@ class NotPython(Exception):
 
 
 class Unsupported(Exception):
-    """A CPython we cannot walk (version, free-threaded build, glibc)."""
+    """A CPython we cannot walk (version, free-threaded build)."""
 
 
 def proc_path(pid: int, path: str) -> str:
     """A path as the target sees it (containers), falling back to ours."""
     p = f"/proc/{pid}/root{path}"
     return p if os.path.exists(p) else path
+
+
+def table_for(minor: Tuple[int, int]) -> Tuple[Optional[Dict[str, int]], bool]:
+    """(offsets, from_source) of a minor version; (None, False) if unsupported."""
+    if minor in OFFSETS:
+        return OFFSETS[minor], False
+    if minor in OFFSETS_FROM_SOURCE:
+        return OFFSETS_FROM_SOURCE[minor], True
+    return None, False
 
 
 def _candidates(pid: int, maps) -> List[str]:
@@ -73,39 +100,88 @@ def _candidates(pid: int, maps) -> List[str]:
     return out
 
 
+def _symbols(path: str, names) -> Dict[str, int]:
+    """st_value of the defined symbols among `names` in .dynsym, then (for the
+    ones not exported) .symtab."""
+    want = {name.encode(): name for name in names}
+    out: Dict[str, int] = {}
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            fmt = ("<" if elf.little_endian else ">") + (
+                "IBBHQQ" if elf.elfclass == 64 else "IIIBBH")
+            size = struct.calcsize(fmt)
+            for secname in (".dynsym", ".symtab"):
+                if len(out) == len(want):
+                    break
+                sec = elf.get_section_by_name(secname)
+                if sec is None or sec["sh_type"] not in ("SHT_DYNSYM", "SHT_SYMTAB"):
+                    continue
+                strtab = elf.get_section(sec["sh_link"]).data()
+                data = sec.data()
+                for fields in struct.iter_unpack(fmt, data[:len(data) - len(data) % size]):
+                    if elf.elfclass == 64:
+                        name_off, _info, _other, shndx, value, _size = fields
+                    else:
+                        name_off, value, _size, _info, _other, shndx = fields
+                    if not value or not shndx or not name_off:
+                        continue            # undefined or nameless
+                    name = want.get(strtab[name_off:strtab.find(b"\0", name_off)])
+                    if name is not None and name not in out:
+                        out[name] = value
+    except (OSError, ELFError, ValueError, struct.error, AssertionError):
+        return {}
+    return out
+
+
+def _address(maps, path: str, real: str, vaddr: int) -> Optional[int]:
+    try:
+        return symbols.runtime_address(maps, path, vaddr, elf_path=real)
+    except (LookupError, OSError):
+        return None
+
+
 # Before 3.11 there is no Py_Version. The minor version is told by the newest
 # C-API function the binary exports (each first appeared in that release); the
 # patch level from the PY_VERSION string, which the linker may have merged as the
 # tail of a longer string (a build path), hence no NUL required before it.
 _API_SINCE = [((3, 10), "PyModule_AddObjectRef"), ((3, 9), "PyFrame_GetCode"),
               ((3, 8), "PyCode_NewWithPosOnlyArgs"), ((3, 7), "PyThread_tss_alloc")]
-_VERSION_RE = re.compile(rb"(?<![0-9.])3\.(\d{1,2})\.(\d{1,2})(?:(?:a|b|rc)\d+)?\+?\x00")
+_VERSION_RE = re.compile(rb"(?<![0-9.])([23])\.(\d{1,2})\.(\d{1,2})(?:(?:a|b|rc)\d+)?\+?\x00")
 
 
-def _minor_from_api(path: str) -> Optional[Tuple[int, int]]:
-    for minor, symbol in _API_SINCE:
-        if symbols.find_symbol_address(path, symbol) is not None:
-            return minor
-    return None
+def _rodata_versions(path: str) -> Dict[Tuple[int, int, int], int]:
+    """How often each X.Y.Z string ends a NUL-terminated string in .rodata."""
+    try:
+        with open(path, "rb") as f:
+            sec = ELFFile(f).get_section_by_name(".rodata")
+            data = sec.data() if sec is not None else b""
+    except (OSError, ELFError, ValueError, struct.error):
+        return {}
+    counts: Dict[Tuple[int, int, int], int] = {}
+    for m in _VERSION_RE.finditer(data):
+        v = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        counts[v] = counts.get(v, 0) + 1
+    return counts
 
 
 def _patch_from_rodata(path: str, minor: Tuple[int, int]) -> int:
-    with open(path, "rb") as f:
-        sec = ELFFile(f).get_section_by_name(".rodata")
-        data = sec.data() if sec is not None else b""
-    counts: Dict[int, int] = {}
-    for m in _VERSION_RE.finditer(data):
-        if (3, int(m.group(1))) == minor:
-            patch = int(m.group(2))
-            counts[patch] = counts.get(patch, 0) + 1
-    return max(counts, key=counts.get) if counts else 0
+    counts = {v: n for v, n in _rodata_versions(path).items() if v[:2] == minor}
+    return max(counts, key=counts.get)[2] if counts else 0
 
 
 def _version_before_311(path: str) -> Optional[Tuple[int, int, int]]:
-    minor = _minor_from_api(path)
-    if minor is None:
-        return None
-    return minor + (_patch_from_rodata(path, minor),)
+    found = _symbols(path, [name for _, name in _API_SINCE])
+    for minor, name in _API_SINCE:
+        if name in found:
+            return minor + (_patch_from_rodata(path, minor),)
+    return None
+
+
+def _old_version(path: str) -> Optional[Tuple[int, int, int]]:
+    """The version of a CPython older than 3.7 (no _PyRuntime), best effort."""
+    counts = _rodata_versions(path)
+    return max(counts, key=counts.get) if counts else None
 
 
 def find_python(pid: int, maps=None) -> PythonProcess:
@@ -113,82 +189,189 @@ def find_python(pid: int, maps=None) -> PythonProcess:
     when the interpreter has not finished starting (call `refresh_tss` again)."""
     if maps is None:
         maps = symbols.read_maps(pid)
+    old = None
     for path in _candidates(pid, maps):
         real = proc_path(pid, path)
-        try:
-            vaddr = symbols.find_symbol_address(real, "_PyRuntime")
-        except (OSError, Exception):
-            continue
+        syms = _symbols(real, ("_PyRuntime", "Py_GetVersion"))
+        vaddr = syms.get("_PyRuntime")
         if vaddr is None:
+            if old is None and "Py_GetVersion" in syms:
+                old = real
             continue
-        runtime = symbols.runtime_address(maps, path, vaddr)
+        runtime = _address(maps, path, real, vaddr)
         if runtime is None:
             continue
         return _describe(pid, maps, path, real, runtime)
+    if old is not None:
+        v = _old_version(old)
+        what = ("CPython %d.%d" % v[:2] if v and v[:2] < SUPPORTED[0]
+                else "this CPython (no _PyRuntime: older than %d.%d)" % SUPPORTED[0])
+        raise Unsupported(f"{what} is not supported (supported: {SUPPORTED_TEXT})")
     raise NotPython(f"no CPython runtime (_PyRuntime) in process {pid}")
 
 
+# Defined only by Py_REF_DEBUG / Py_TRACE_REFS builds, whose object headers and
+# structs the table does not describe.
+DEBUG_BUILD_SYMBOLS = ("_Py_RefTotal", "_Py_GetGlobalRefTotal", "_Py_ForgetReference",
+                       "_Py_PrintReferences")
+
+
 def _describe(pid, maps, path, real, runtime) -> PythonProcess:
+    syms = _symbols(real, ("Py_Version", "PyCode_Type") + DEBUG_BUILD_SYMBOLS)
+    addrs = {name: _address(maps, path, real, syms[name])
+             for name in ("Py_Version", "PyCode_Type") if name in syms}
+    debug = next((name for name in DEBUG_BUILD_SYMBOLS if name in syms), None)
     mem = ProcessMemory(pid)
     try:
-        version = None
-        pv = symbols.find_symbol_address(real, "Py_Version")
-        if pv is not None:
-            addr = symbols.runtime_address(maps, path, pv)
-            hexv = mem.u32(addr)
-            version = (hexv >> 24, (hexv >> 16) & 0xff, (hexv >> 8) & 0xff)
-        if version is None:
-            version = _version_before_311(real)
-        if version is None:
-            raise Unsupported(f"cannot tell the CPython version of {path}")
-        if version[:2] >= (3, 13):
-            cookie = mem.read(runtime, 8)
-            if cookie != b"xdebugpy":
-                raise Unsupported(f"CPython {version[0]}.{version[1]}: no debug offsets at _PyRuntime")
-            free_threaded = mem.u64(runtime + 16)
-            if free_threaded:
-                raise Unsupported(f"free-threaded CPython {version[0]}.{version[1]}t is not supported yet")
-        offsets = OFFSETS.get(version[:2])
-        if offsets is None:
-            raise Unsupported("CPython %d.%d is not supported (supported: %s)" % (
-                version[0], version[1], ", ".join("%d.%d" % v for v in SUPPORTED)))
-        code_type = 0
-        ct = symbols.find_symbol_address(real, "PyCode_Type")
-        if ct is not None:
-            code_type = symbols.runtime_address(maps, path, ct) or 0
-        pp = PythonProcess(pid, version, path, runtime, offsets, code_type=code_type)
-        refresh_tss(pp, mem)
-        return pp
+        return describe(mem, pid, path, runtime, {k: v for k, v in addrs.items() if v},
+                        lambda: _version_before_311(real), debug_build=debug)
     finally:
         mem.close()
 
 
-def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None) -> bool:
-    """Read autoTSSkey once the runtime has created it; True when known."""
+def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],
+             old_version=lambda: None, debug_build: Optional[str] = None) -> PythonProcess:
+    """The PythonProcess of the runtime at `runtime` (&_PyRuntime) in `mem`.
+
+    `addrs`: target addresses of the symbols Py_Version and PyCode_Type where
+    the binary has them; `old_version()`: the version told by the ELF alone
+    (before 3.11); `debug_build`: a symbol only debug builds define, if the
+    binary has one.  Raises Unsupported."""
+    version = None
+    if "Py_Version" in addrs:
+        version = debug_offsets.split_version(mem.u32(addrs["Py_Version"]))
+    header = None
+    try:
+        header = debug_offsets.parse_header(mem.read(runtime, debug_offsets.HEADER_SIZE))
+    except (debug_offsets.BadDebugOffsets, MemoryError_):
+        pass
+    if header is not None:
+        dbg_version = debug_offsets.split_version(header[0])
+        if version is None:
+            version = dbg_version
+        elif version[:2] != dbg_version[:2]:
+            raise Unsupported("CPython version unclear: Py_Version says %d.%d, "
+                              "_Py_DebugOffsets %d.%d" % (version[:2] + dbg_version[:2]))
+    if version is None:
+        version = old_version()
+    if version is None:
+        raise Unsupported(f"cannot tell the CPython version of {path}")
+    name = "CPython %d.%d" % version[:2]
+    if version[:2] >= (3, 13):
+        if header is None:
+            raise Unsupported(f"{name}: no _Py_DebugOffsets at _PyRuntime")
+        if header[1]:
+            raise Unsupported(f"free-threaded {name}t is not supported")
+    table, from_source = table_for(version[:2])
+    if table is None:
+        raise Unsupported(f"{name} is not supported (supported: {SUPPORTED_TEXT})")
+    if debug_build:
+        raise Unsupported(f"{name} is a debug build ({debug_build}): its layouts are not supported")
+    pp = PythonProcess(pid, version, path, runtime, dict(table), from_source=from_source)
+    if version[:2] >= (3, 13):
+        try:
+            dbg = debug_offsets.read(mem, runtime)
+        except (debug_offsets.BadDebugOffsets, MemoryError_) as e:
+            pp.notices.append(f"{name}: cannot read _Py_DebugOffsets ({e}): using the offsets table")
+        else:
+            pp.offsets, differ = debug_offsets.merge(table, dbg)
+            pp.debug_offsets = True
+            if differ:
+                pp.notices.append("%s.%d: _Py_DebugOffsets differ from the offsets table in %s: "
+                                  "using the run-time values" % (name, version[2], ", ".join(differ)))
+    pp.code_type = addrs.get("PyCode_Type", 0)
+    refresh_tss(pp, mem)
+    return pp
+
+
+# -- the thread-state key ---------------------------------------------------------
+def key_from_runtime(pp: PythonProcess, mem) -> Optional[int]:
+    """autoTSSkey as `_PyRuntime` holds it, or None (unknown position, not yet
+    created, unreadable)."""
+    o = pp.offsets
+    if o.get("runtime_autotss", -1) < 0:
+        return None
+    base = pp.runtime + o["runtime_autotss"]
+    try:
+        if mem.i32(base + o["tss_is_initialized"]) != 1:
+            return None
+        return mem.u32(base + o["tss_key"])
+    except MemoryError_:
+        return None
+
+
+def thread_state_addresses(pp: PythonProcess, mem, limit: int = MAX_SCAN_THREADS) -> List[int]:
+    """The first `limit` PyThreadStates of every interpreter (racy, best effort)."""
+    o = pp.offsets
+    out: List[int] = []
+    try:
+        interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
+        hops = 0
+        while interp and len(out) < limit and hops < limit:
+            hops += 1
+            ts = mem.u64(interp + o["interp_threads_head"])
+            while ts and len(out) < limit:
+                out.append(ts)
+                ts = mem.u64(ts + o["tstate_next"])
+            interp = mem.u64(interp + o["interp_next"])
+    except MemoryError_:
+        pass
+    return out
+
+
+def key_from_threads(pp: PythonProcess, mem, pthread_specific: int = GLIBC_PTHREAD_SPECIFIC
+                     ) -> Optional[int]:
+    """The pthread key under which the live threads keep their own PyThreadState.
+
+    `tstate->thread_id` is the thread's pthread_t, which glibc on x86_64 makes
+    the address of its struct pthread; its `specific_1stblock[key]` is
+    {seq, data}.  The key whose data is the thread state itself is autoTSSkey."""
+    for ts in thread_state_addresses(pp, mem):
+        try:
+            pthread = mem.u64(ts + pp.offsets["tstate_thread_id"])
+            if not pthread:
+                continue
+            block = mem.read(pthread + pthread_specific, 16 * FIRST_BLOCK_KEYS)
+        except MemoryError_:
+            continue
+        for key in range(FIRST_BLOCK_KEYS):
+            seq, data = struct.unpack_from("<QQ", block, 16 * key)
+            if data == ts and seq & 1:
+                return key
+    return None
+
+
+def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None,
+                pthread_specific: int = GLIBC_PTHREAD_SPECIFIC) -> bool:
+    """Find autoTSSkey once the runtime has created it; True when known."""
     if pp.tss_key >= 0:
         return True
-    own = mem is None
-    if own:
-        mem = ProcessMemory(pp.pid)
-    try:
-        o = pp.offsets
-        base = pp.runtime + o["runtime_autotss"]
-        initialised = mem.i32(base + o["tss_is_initialized"])
-        key = mem.u32(base + o["tss_key"])
-        if initialised == 1:
-            if key >= 32:
-                pp.notices.append(
-                    f"CPython's thread-state key is {key} (>= 32): Python frames unavailable")
-                pp.tss_key = -2
-                return False
-            pp.tss_key = key
-            return True
+    if pp.tss_key == -2:
         return False
-    except MemoryError_:
+    own = mem is None
+    try:
+        if own:
+            mem = ProcessMemory(pp.pid)
+        stored = key_from_runtime(pp, mem)
+        live = key_from_threads(pp, mem, pthread_specific)
+    except OSError:
         return False
     finally:
-        if own:
+        if own and mem is not None:
             mem.close()
+    if live is None and stored is None:
+        return False
+    key = live if live is not None else stored
+    if live is not None and stored is not None and live != stored:
+        pp.notices.append("CPython %d.%d: autoTSSkey is %d in the threads but %d at the "
+                          "offsets table's position: using %d" % (pp.minor + (live, stored, live)))
+    if key >= FIRST_BLOCK_KEYS:
+        pp.notices.append(
+            f"CPython's thread-state key is {key} (>= {FIRST_BLOCK_KEYS}): Python frames unavailable")
+        pp.tss_key = -2
+        return False
+    pp.tss_key = key
+    return True
 
 
 def walker_kind(minor: Tuple[int, int]) -> int:

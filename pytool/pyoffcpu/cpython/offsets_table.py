@@ -10,7 +10,11 @@ owner_* are FRAME_OWNED_BY_* enum values, not offsets.
 
 OFFSETS_FROM_SOURCE: NOT compiled.  3.14 values transcribed from the
 project reference (cpython-frames.md, layouts computed from the v3.14.0
-sources); -1 where that reference gives no value.
+sources), the autoTSSkey position from py-spy's bindgen of the v3.14.0
+headers (SOURCE_314_EXTRA in the generator); -1 where neither gives one.
+
+DEBUG_POSITIONS: where _Py_DebugOffsets (3.13+) publishes each value at
+run time; the loader reads them from the target and prefers them.
 """
 
 KEYS = (
@@ -391,9 +395,9 @@ OFFSETS = {
 OFFSETS_FROM_SOURCE = {
     (3, 14): {
         "runtime_interpreters_head": 808,
-        "runtime_autotss": -1,
-        "tss_is_initialized": -1,
-        "tss_key": -1,
+        "runtime_autotss": 2336,
+        "tss_is_initialized": 0,
+        "tss_key": 4,
         "interp_next": 7272,
         "interp_threads_head": 7344,
         "tstate_next": 8,
@@ -433,5 +437,75 @@ OFFSETS_FROM_SOURCE = {
         "type_name": -1,
         "owner_cstack": 4,
         "owner_generator": 1,
+    },
+}
+
+# Positions (bytes) of fields inside _Py_DebugOffsets, the struct at the
+# start of _PyRuntime from 3.13 on; keys are OFFSETS keys whose run-time
+# value CPython publishes there, plus version, free_threaded and sizeof.
+DEBUG_POSITIONS = {
+    (3, 13): {
+        "version": 8,
+        "free_threaded": 16,
+        "runtime_interpreters_head": 40,
+        "interp_next": 64,
+        "interp_threads_head": 72,
+        "tstate_next": 168,
+        "tstate_interp": 176,
+        "tstate_current_frame": 184,
+        "tstate_thread_id": 192,
+        "tstate_native_thread_id": 200,
+        "iframe_previous": 232,
+        "iframe_code": 240,
+        "iframe_instr": 248,
+        "iframe_owner": 264,
+        "code_filename": 280,
+        "code_name": 288,
+        "code_qualname": 296,
+        "code_linetable": 304,
+        "code_firstlineno": 312,
+        "code_code_adaptive": 344,
+        "object_type": 360,
+        "type_name": 376,
+        "bytes_size": 520,
+        "bytes_data": 528,
+        "unicode_state": 544,
+        "unicode_length": 552,
+        "ascii_data": 560,
+        "sizeof": 584,
+    },
+}
+
+# 3.14: from source, NOT compiled.
+DEBUG_POSITIONS_FROM_SOURCE = {
+    (3, 14): {
+        "version": 8,
+        "free_threaded": 16,
+        "runtime_interpreters_head": 40,
+        "interp_next": 64,
+        "interp_threads_head": 72,
+        "tstate_next": 192,
+        "tstate_interp": 200,
+        "tstate_current_frame": 208,
+        "tstate_thread_id": 216,
+        "tstate_native_thread_id": 224,
+        "iframe_previous": 256,
+        "iframe_code": 264,
+        "iframe_instr": 272,
+        "iframe_owner": 288,
+        "code_filename": 320,
+        "code_name": 328,
+        "code_qualname": 336,
+        "code_linetable": 344,
+        "code_firstlineno": 352,
+        "code_code_adaptive": 384,
+        "object_type": 408,
+        "type_name": 424,
+        "bytes_size": 600,
+        "bytes_data": 608,
+        "unicode_state": 624,
+        "unicode_length": 632,
+        "ascii_data": 640,
+        "sizeof": 760,
     },
 }
