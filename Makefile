@@ -27,12 +27,13 @@ demo: install
 	@echo "open demo.svg in a browser"
 
 test: root
-	tools/setup-system.sh chromium
+	tools/setup-system.sh chromium python3.11-dbg
 	@$(MAKE) --no-print-directory $(VENV)/.installed
 	$(PY) -m pytest -v -rs $(PYTEST_ARGS) tests
 
+# make bench [BENCH_REV=HEAD] [BENCH_LONG_S=600] [BENCH_PAIRS=7] [BENCH_ARGS="--cases 1,5"]: see tools/bench/run.py
 bench: install
-	$(PY) tools/bench/run.py
+	$(PY) tools/bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info demo.svg

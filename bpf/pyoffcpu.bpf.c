@@ -12,6 +12,8 @@
  *   SAMPLE_PERIOD_NS      on-CPU sampling period
  *   KERNEL_STACKS         1 to capture kernel stacks
  *   SYSTEM_WIDE           1 to take every process, not only those in `procs`
+ *   NATIVE_UNWIND         1 to walk user stacks with .eh_frame tables (bpf/unwind.h;
+ *                         0: frame pointers, through the same finishing programs)
  * Kernel structs are never dereferenced by type: the headers bcc compiles
  * against are not the running kernel's.
  */
@@ -95,24 +97,39 @@ static __always_inline u64 mix(u64 h, u64 v)
  * walk, and shim frames are recorded like any other (user space drops them by
  * their owner) so that the frame count never diverges from the iteration count. */
 
+/* The fields of a frame the walk needs all lie in its first bytes (3.11
+ * _PyInterpreterFrame: owner at 69, 3.12/3.13: 70, 3.14: 74; <= 3.10
+ * PyFrameObject: f_lasti at 104 at most): one read per frame into a per-CPU
+ * window instead of three to five reads, the bulk of the walk's run time.
+ * Offsets are masked into the window (136 bytes; only the first ones read). */
+#define IFRAME_WINDOW 80
+#define FRAMEOBJ_WINDOW 112
+#define FRAME_OFF(off) ((u64)(off) & 127)
+struct frame_win { u8 b[136]; };
+/* One per CPU is enough: BPF tracing programs do not nest on a CPU. */
+BPF_PERCPU_ARRAY(frame_win, struct frame_win, 1);
+
 /* <= 3.10: PyFrameObject chain; each frame is one _PyEval_EvalFrameDefault call. */
 static __always_inline u32 walk_frameobj(struct proc_info *pi, struct pystack *st, u64 f)
 {
     int i;
-    u64 off_code = pi->frame_code, off_back = pi->frame_back, off_lasti = pi->frame_lasti;
+    u64 off_code = FRAME_OFF(pi->frame_code), off_back = FRAME_OFF(pi->frame_back);
+    u64 off_lasti = FRAME_OFF(pi->frame_lasti);
+    int zero = 0;
+    struct frame_win *win = frame_win.lookup(&zero);
+    if (!win)
+        return 0;
+    u8 *w = win->b;
     for (i = 0; i < MAX_PY_DEPTH; i++) {
-        u64 code = 0, back = 0;
-        int lasti = 0;
         if (!f)
             break;
-        /* one test for the three reads: fewer branches for the verifier to follow */
-        long err = bpf_probe_read_user(&code, sizeof(code), (void *)(f + off_code));
-        err |= bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(f + off_lasti));
-        err |= bpf_probe_read_user(&back, sizeof(back), (void *)(f + off_back));
-        if (err) {
+        if (bpf_probe_read_user(w, FRAMEOBJ_WINDOW, (void *)f) != 0) {
             st->flags |= PYS_READ_FAILED;
             break;
         }
+        u64 code = *(u64 *)(w + off_code);
+        u64 back = *(u64 *)(w + off_back);
+        int lasti = *(int *)(w + off_lasti);
         struct py_frame *pf = &st->frames[i & PY_MASK];
         pf->code = code;
         pf->offset = lasti;
@@ -128,26 +145,29 @@ static __always_inline u32 walk_frameobj(struct proc_info *pi, struct pystack *s
 static __always_inline u32 walk_iframes(struct proc_info *pi, struct pystack *st, u64 f)
 {
     int i;
-    u64 off_code = pi->iframe_code, off_prev = pi->iframe_previous;
-    u64 off_instr = pi->iframe_instr, off_owner = pi->iframe_owner;
+    u64 off_code = FRAME_OFF(pi->iframe_code), off_prev = FRAME_OFF(pi->iframe_previous);
+    u64 off_instr = FRAME_OFF(pi->iframe_instr), off_owner = FRAME_OFF(pi->iframe_owner);
     /* 3.12+ have no is_entry: read the owner byte twice, and ignore it */
-    u64 off_entry = pi->iframe_is_entry >= 0 ? pi->iframe_is_entry : pi->iframe_owner;
+    u64 off_entry = FRAME_OFF(pi->iframe_is_entry >= 0 ? pi->iframe_is_entry : pi->iframe_owner);
     u32 entry_flag = pi->walker == WALK_ISENTRY ? PYF_ENTRY : 0;
     s64 adaptive = pi->code_code_adaptive;
+    int zero = 0;
+    struct frame_win *win = frame_win.lookup(&zero);
+    if (!win)
+        return 0;
+    u8 *w = win->b;
     for (i = 0; i < MAX_PY_DEPTH; i++) {
-        u64 code = 0, instr = 0, prev = 0;
-        u8 owner = 0, is_entry = 0;
         if (!f)
             break;
-        long err = bpf_probe_read_user(&code, sizeof(code), (void *)(f + off_code));
-        err |= bpf_probe_read_user(&instr, sizeof(instr), (void *)(f + off_instr));
-        err |= bpf_probe_read_user(&prev, sizeof(prev), (void *)(f + off_prev));
-        err |= bpf_probe_read_user(&owner, 1, (void *)(f + off_owner));
-        err |= bpf_probe_read_user(&is_entry, 1, (void *)(f + off_entry));
-        if (err) {
+        if (bpf_probe_read_user(w, IFRAME_WINDOW, (void *)f) != 0) {
             st->flags |= PYS_READ_FAILED;
             break;
         }
+        u64 code = *(u64 *)(w + off_code);
+        u64 instr = *(u64 *)(w + off_instr);
+        u64 prev = *(u64 *)(w + off_prev);
+        u8 owner = w[off_owner];
+        u8 is_entry = w[off_entry];
         code &= ~3ULL;              /* 3.14 tags f_executable; code objects are 8-aligned */
         struct py_frame *pf = &st->frames[i & PY_MASK];
         pf->code = code;
@@ -201,14 +221,24 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     return h;
 }
 
+/* Inlined by the loader (session._bpf_source): bcc rewrites map calls such
+ * as table.lookup() only in the main file. */
+#include "unwind.h" /* inline */
+
 /* Fill key for the current thread; sends a Python stack seen for the first time. */
 static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, u32 tid, int slot)
 {
     key->tgid = tgid;
     key->tid = tid;
-    key->ustack = ustacks.get_stackid(ctx, BPF_F_USER_STACK);
-    if (key->ustack < 0)
-        count_drop(DROP_USTACK);
+    key->ustack = -1;
+    /* Walked from .eh_frame tables by the finishing program (bpf/unwind.h),
+     * once the Python walk is done; frame pointers otherwise. */
+    if (!unwind_prepare(tgid, slot)) {
+        key->ustack = ustacks.get_stackid(ctx, BPF_F_USER_STACK);
+        if (key->ustack < 0)
+            count_drop(DROP_USTACK);
+    }
+    key->nstack = 0;
 #if KERNEL_STACKS
     key->kstack = kstacks.get_stackid(ctx, 0);
     if (key->kstack < 0 && key->kstack != -14)  /* -EFAULT: sampled in user mode */
@@ -262,15 +292,26 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     u32 tgid = id >> 32, tid = (u32)id;
     if (tid == 0 || !is_target(tgid))
         return 0;
-    struct stack_key key = {};
-    capture(ctx, &key, tgid, tid, 0);
-    key.kind = KIND_ONCPU;
-    add_time(&key, SAMPLE_PERIOD_NS);
     if (!thread_names.lookup(&tid)) {
         struct comm_t name = {};
         bpf_get_current_comm(&name.c, sizeof(name.c));
         thread_names.insert(&tid, &name);
     }
+    /* The key lives in the per-CPU unwind state: the finishing program
+     * (unwind_perf, bpf/unwind.h) walks the native stack and adds the
+     * sample.  Nothing but the tail call follows the Python walk: every
+     * instruction there is verified once per state the walk ends in. */
+    int slot = 0;
+    struct unwind_state *us = unwind_scratch.lookup(&slot);
+    if (!us)
+        return 0;
+    struct stack_key *key = &us->key;
+    __builtin_memset(key, 0, sizeof(*key));
+    key->kind = KIND_ONCPU;
+    us->ts = 0;
+    capture(ctx, key, tgid, tid, 0);
+    unwind_perf_progs.call(ctx, 0);
+    add_time(key, SAMPLE_PERIOD_NS);    /* the tail call failed */
     return 0;
 }
 
@@ -319,14 +360,24 @@ TRACEPOINT_PROBE(sched, sched_switch)
         *first = 1;
     if (args->prev_state & 0x30)    /* X or Z: the thread is exiting, it will not come back */
         return 0;
-    struct offcpu_start st = {};
-    capture(args, &st.key, tgid, prev, 1);
-    st.key.kind = off_cpu_kind(args->prev_state);
-    st.ts = now;
-    if (offcpu_start.update(&prev, &st) != 0)
-        count_drop(DROP_START_FULL);
     struct comm_t name = {};
     bpf_probe_read_kernel(&name.c, sizeof(name.c), args->prev_comm);
     thread_names.update(&prev, &name);
+    /* As in on_cpu_sample: unwind_tp records the interval start. */
+    int slot = 1;
+    struct unwind_state *us = unwind_scratch.lookup(&slot);
+    if (!us)
+        return 0;
+    struct stack_key *key = &us->key;
+    __builtin_memset(key, 0, sizeof(*key));
+    key->kind = off_cpu_kind(args->prev_state);
+    us->ts = now;
+    capture(args, key, tgid, prev, 1);
+    unwind_tp_progs.call(args, 0);
+    struct offcpu_start st = {};        /* the tail call failed */
+    st.key = *key;
+    st.ts = now;
+    if (offcpu_start.update(&prev, &st) != 0)
+        count_drop(DROP_START_FULL);
     return 0;
 }

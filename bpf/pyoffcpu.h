@@ -66,6 +66,8 @@ struct stack_key {
     unsigned long long pystack;     /* hash of the Python stack, 0: none */
     unsigned int kind;
     unsigned int pad;
+    unsigned long long nstack;      /* hash of the native stack in nstacks (bpf/unwind.h),
+                                       0: none (ustack holds the frame-pointer stack) */
 };
 
 struct stack_value {
@@ -90,6 +92,8 @@ struct offcpu_start {
 #define DROP_AGG_FULL      4        /* the aggregation map was full: time lost */
 #define DROP_START_FULL    5        /* offcpu_start full: a blocked interval lost */
 #define DROP_PYSTACK_FULL  6        /* pystack_seen full: stack re-sent each time */
-#define N_DROPS            7
+#define DROP_NSTACK_FULL   7        /* nstacks full: a native stack lost */
+#define DROP_NSTACK_INCOMPLETE 8    /* a native stack stopped at a frame it could not unwind */
+#define N_DROPS            9
 
 #endif

@@ -81,13 +81,18 @@ def test_sleep_and_lock_time_is_off_cpu_and_cpu_work_on_cpu(wall_recording):
     assert on / (on + off) > 0.8, (on, off)
 
 
-def test_off_cpu_stacks_end_with_the_marker(tmp_path, wall_recording):
+def test_sleep_and_lock_time_is_marked_off_cpu_in_the_folded_output(wall_recording):
     w, _, prof = wall_recording
     from pyoffcpu.export.folded import render_folded
+    marked = unmarked = 0
     for line in render_folded(prof).splitlines():
-        stack = line.rsplit(" ", 1)[0]
-        if f"main (tests/workloads/split.py:{SPLIT_SLEEP})" in stack or f"split.py:{SPLIT_SLEEP})" in stack:
-            assert stack.split(";")[-1].startswith("[off-cpu"), line
+        stack, weight = line.rsplit(" ", 1)
+        if f"split.py:{SPLIT_SLEEP})" in stack or f"split.py:{SPLIT_LOCK})" in stack:
+            if stack.split(";")[-1] == "[off-cpu]":
+                marked += int(weight)
+            else:           # an on-CPU sample on the way into or out of the syscall
+                unmarked += int(weight)
+    assert marked >= 0.98 * (marked + unmarked), (marked, unmarked)
 
 
 def test_cpu_function_has_the_right_line(wall_recording):

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import profile as P
 from .session import KINDS, PYF_ENTRY, PYS_TRUNCATED, Recording
+from .unwind.loader import NST_TRUNCATED
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
 OWNER_GENERATOR = 1
@@ -27,6 +28,7 @@ class MergeStats:
     fallback_ns: int = 0        # ... merged by the fallback
     fallback_stacks: int = 0
     unknown_code: int = 0       # code objects that could not be read
+    torn_stacks: int = 0        # Python stacks cut at a frame that is not a code object
 
     def as_dict(self) -> Dict[str, float]:
         share = (self.fallback_ns / self.python_ns) if self.python_ns else 0.0
@@ -41,7 +43,9 @@ class NativeFrame:
 
     @property
     def is_eval(self) -> bool:
-        return self.frame.name == EVAL_FRAME
+        # gcc splits it: _PyEval_EvalFrameDefault.cold holds its unlikely paths
+        name = self.frame.name
+        return name == EVAL_FRAME or name.startswith(EVAL_FRAME + ".")
 
 
 UNMAPPED_PC = NativeFrame(P.native_frame("[unknown]"), None, False)
@@ -94,32 +98,44 @@ class Merger:
         minor = py.minor if py else (3, 11)
         groups: List[List[P.Frame]] = []
         group: List[P.Frame] = []
+        torn = False
         for code, offset, flags in st.frames:
             if minor >= (3, 12) and (flags & 0xff) >= OWNER_SHIM:
                 # The C-stack shim (3.12/3.13 FRAME_OWNED_BY_CSTACK, 3.14
                 # FRAME_OWNED_BY_INTERPRETER and above) is the `previous` of the
-                # outermost frame of one eval call: it closes that group.
-                if group:
-                    groups.append(group)
-                    group = []
+                # outermost frame of one eval call: it closes that group.  A
+                # group can be empty (its frames not started yet): it still
+                # stands for one _PyEval_EvalFrameDefault in the native stack.
+                groups.append(group)
+                group = []
                 continue
-            frame = self._python_frame(st.tgid, minor, code, offset, flags)
+            info = self.rec.code.get((st.tgid, code))
+            if info is None:
+                # Not a code object: BPF read the chain while the thread was
+                # changing it (a sample can land anywhere), or it is gone.  The
+                # frames from here outwards cannot be trusted: keep the inner
+                # ones and mark the stack cut, never print garbage.
+                self.stats.unknown_code += 1
+                self.stats.torn_stacks += 1
+                torn = True
+                break
+            frame = self._python_frame(info, minor, offset, flags)
             if frame is not None:
                 group.append(frame)
-            if flags & PYF_ENTRY and group:
+            if flags & PYF_ENTRY:
                 groups.append(group)
                 group = []
         if group:
             groups.append(group)
-        result = (groups, bool(st.flags & PYS_TRUNCATED))
+        if not any(groups):
+            groups = []
+        result = (groups, bool(groups) and (torn or bool(st.flags & PYS_TRUNCATED)))
         self._py_cache[pyhash] = result
         return result
 
-    def _python_frame(self, tgid, minor, code, offset, flags) -> Optional[P.Frame]:
-        info = self.rec.code.get((tgid, code))
-        if info is None:
-            self.stats.unknown_code += 1
-            return P.python_frame(f"[unknown code {code:#x}]", "?", None)
+    def _python_frame(self, info, minor, offset, flags) -> Optional[P.Frame]:
+        """The frame of code object `info` at `offset` (as BPF recorded it);
+        None for a frame CPython itself would not show yet."""
         if minor >= (3, 11):
             owner = flags & 0xff
             # CPython hides frames that have not started yet; so do we (this also
@@ -142,28 +158,42 @@ class Merger:
                 nf = UNMAPPED_PC        # the sampled PC itself: keep it visible
             if nf is not None:
                 native.append(nf)
+        # Stacks walked from .eh_frame tables (session.NATIVE_ID_BASE) are right
+        # as far as they go; frame-pointer stacks through code built without
+        # frame pointers are not.
+        nflags = getattr(self.rec, "native_flags", {}).get(ustack)
+        walked = nflags is not None
         groups, truncated = self.python_groups(pyhash) if pyhash else ([], False)
         if groups:
             self.stats.python_ns += ns
             interp = self.rec.pythons[tgid].binary if tgid in self.rec.pythons else None
-            leaf_first = self._interleave(native, groups, interp, ns)
+            leaf_first = self._interleave(native, groups, interp, ns, walked)
         else:
             leaf_first = [nf.frame for nf in native]
         root_first = leaf_first[::-1]
-        if truncated:
+        if truncated or (walked and nflags & NST_TRUNCATED):
             root_first.insert(0, P.TRUNCATED)
         if kstack >= 0:
             root_first.extend(reversed(self.kernel_frames(kstack)))
         return tuple(root_first)
 
-    def _interleave(self, native: List[NativeFrame], groups, interp, ns) -> List[P.Frame]:
+    def _interleave(self, native: List[NativeFrame], groups, interp, ns,
+                    walked: bool = False) -> List[P.Frame]:
+        """Leaf-first frames: each eval frame replaced by its Python group.
+        walked: the native stack comes from the .eh_frame unwinder, so when
+        the counts differ (the walk stopped early, or the Python stack was cut)
+        the groups are still paired from the leaf and the rest go root-side."""
         evals = [i for i, nf in enumerate(native) if nf.is_eval]
-        if len(evals) == len(groups):
-            self.stats.matched_ns += ns
+        if len(evals) == len(groups) or (walked and evals):
+            if len(evals) == len(groups):
+                self.stats.matched_ns += ns
+            else:
+                self.stats.fallback_ns += ns
+                self.stats.fallback_stacks += 1
             out: List[P.Frame] = []
             k = 0
             for i, nf in enumerate(native):
-                if nf.is_eval:
+                if nf.is_eval and k < len(groups):
                     out.extend(groups[k])
                     k += 1
                 elif i < evals[0] or not _same_file(nf.module, interp):
@@ -171,9 +201,15 @@ class Merger:
                     # syscall); between and below eval frames only non-interpreter
                     # frames (C extensions, libc) are kept: the rest is plumbing.
                     out.append(nf.frame)
+            for g in groups[k:]:        # outer groups the native walk did not reach
+                out.extend(g)
             return out
         self.stats.fallback_ns += ns
         self.stats.fallback_stacks += 1
+        if walked:
+            # no eval frame reached: the walk stopped in native code (or it is a
+            # thread whose Python frames are all outside the walk)
+            return [nf.frame for nf in native] + [f for g in groups for f in g]
         if evals:
             leaf = [nf.frame for nf in native[:evals[0]]]
         else:

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from . import symbols
 from .cpython import detect, walker
+from .unwind import loader as unwind_loader
 from .cpython.code import CodeInfo, CodeReader
 from .memory import MemoryError_, ProcessMemory
 from .platform import Platform, ProfilerError
@@ -25,8 +26,10 @@ BPF_DIR = os.environ.get("PYOFFCPU_BPF_DIR") or os.path.normpath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bpf"))
 KINDS = {0: None, 1: "sleep", 2: "runqueue", 3: "uninterruptible", 4: "other"}
 DROP_NAMES = ["user stack", "kernel stack", "python read", "python truncated",
-              "aggregation map full", "off-cpu start map full", "python stack map full"]
+              "aggregation map full", "off-cpu start map full", "python stack map full",
+              "native stack map full", "native stack incomplete"]
 PYS_TRUNCATED = 1
+NATIVE_ID_BASE = 1 << 20            # rec.ustacks ids of .eh_frame-walked stacks (bcc's are smaller)
 PYF_ENTRY = 0x100
 
 
@@ -56,6 +59,8 @@ class Recording:
     # (tgid, tid, ustack, kstack, pyhash, kind) -> [count, ns]
     stacks: Dict[Tuple[int, int, int, int, int, int], List[int]] = field(default_factory=dict)
     ustacks: Dict[int, List[int]] = field(default_factory=dict)
+    # ids in ustacks >= NATIVE_ID_BASE are .eh_frame-walked stacks: their NST_* flags
+    native_flags: Dict[int, int] = field(default_factory=dict)
     kstacks: Dict[int, List[int]] = field(default_factory=dict)
     pystacks: Dict[int, PyStack] = field(default_factory=dict)
     code: Dict[Tuple[int, int], Optional[CodeInfo]] = field(default_factory=dict)
@@ -118,9 +123,13 @@ class Session:
         self.child_pid: Optional[int] = None
         self.stop_reason: Optional[str] = None
         self.bpf = None
+        self.unwinder: Optional[unwind_loader.NativeUnwinder] = None
+        self._unwind_cflags: List[str] = []
+        self._native_ids: Dict[object, int] = {}   # native stack hash -> id in rec.ustacks
         self._start_ns = 0
-        # tid -> (pid, Python stack hash, kind) of the threads there at the start
-        self._initial: Dict[int, Tuple[int, int, int]] = {}
+        # tid -> (pid, Python stack hash, kind, native stack id) of the threads
+        # there at the start
+        self._initial: Dict[int, Tuple[int, int, int, int]] = {}
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -134,8 +143,11 @@ class Session:
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
             f"-DSYSTEM_WIDE={1 if o.system_wide else 0}",
         ]
+        from .platform import BTF_PATH
+        self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
+        cflags += self._unwind_cflags
         try:
-            self.bpf = BPF(src_file=os.path.join(BPF_DIR, "pyoffcpu.bpf.c").encode(),
+            self.bpf = BPF(text=_bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")),
                            cflags=cflags)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
@@ -158,6 +170,18 @@ class Session:
             raise ProfilerError(f"cannot attach BPF: {e}", "is this kernel built with perf events?")
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
                                                      lost_cb=self._on_lost)
+        # The programs that finish each sample (and walk native stacks from
+        # .eh_frame tables when NATIVE_UNWIND=1), called by tail call.
+        try:
+            self.unwinder = unwind_loader.NativeUnwinder(
+                self.bpf, tables="-DNATIVE_UNWIND=1" in self._unwind_cflags)
+            self.unwinder.load_programs()
+        except Exception as e:
+            if self.unwinder is not None:
+                self.unwinder.close()
+            self.unwinder = None
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            self.rec.notices.append(f"native unwinding off ({msg}): frame-pointer user stacks")
 
     # -- targets ------------------------------------------------------------
     def _register(self, tgt: Target):
@@ -176,9 +200,6 @@ class Session:
                          "iframe_code", "iframe_previous", "iframe_instr", "iframe_is_entry",
                          "iframe_owner", "code_code_adaptive"):
                 setattr(info, name, o[name])
-            info.owner_boundary = o["owner_cstack"] if o["owner_cstack"] >= 0 else 255
-            if py.minor >= (3, 14):
-                info.owner_boundary = 3         # FRAME_OWNED_BY_INTERPRETER and above
         table[table.Key(tgt.pid)] = info
 
     def _add_target(self, pid: int, launched: bool = False):
@@ -203,6 +224,7 @@ class Session:
                 tgt.reader = CodeReader(tgt.mem, tgt.python.minor, tgt.python.offsets,
                                         tgt.python.code_type)
                 self.rec.pythons[pid] = tgt.python
+                self.rec.notices.extend(f"process {pid}: {n}" for n in tgt.python.notices)
                 self._register(tgt)
             elif tgt.python.tss_key == -2:
                 tgt.settled = True
@@ -230,6 +252,8 @@ class Session:
         if space is None:
             space = rec.spaces[pid] = symbols.AddressSpace(pid)
         space.add_snapshot(maps)
+        if self.unwinder is not None:
+            self.unwinder.update(pid, maps)
         comm = _read_text(f"/proc/{pid}/comm")
         if comm:
             rec.comms[pid] = comm.strip()
@@ -277,14 +301,42 @@ class Session:
                 except KeyError:
                     pass
         for k, v in items:
-            key = (k.tgid, k.tid, k.ustack, k.kstack, k.pystack, k.kind)
+            key = (k.tgid, k.tid, self._ustack_id(k), k.kstack, k.pystack, k.kind)
             acc = stacks.get(key)
             if acc is None:
                 stacks[key] = [v.count, v.ns]
             else:
                 acc[0] += v.count
                 acc[1] += v.ns
-            self._fetch_stack_ids(k.ustack, k.kstack)
+            self._fetch_stack_ids(key[2], k.kstack)
+
+    def _ustack_id(self, key) -> int:
+        """The id in rec.ustacks of a key's user stack: the frame-pointer stack
+        id, or for an .eh_frame-walked stack an id of its own (read from
+        nstacks the first time it is seen)."""
+        h = key.nstack
+        if not h:
+            return key.ustack
+        sid = self._native_ids.get(h)
+        if sid is None:
+            got = self.unwinder.stack(h) if self.unwinder is not None else None
+            if got is None:
+                return -1
+            sid = NATIVE_ID_BASE + len(self._native_ids)
+            self._native_ids[h] = sid
+            self.rec.ustacks[sid], self.rec.native_flags[sid] = got
+        return sid
+
+    def _native_now(self, pid: int, tid: int) -> int:
+        """The native stack of a thread blocked right now (walked in user
+        space with the same tables), as an id in rec.ustacks; -1: none."""
+        got = self.unwinder.walk_blocked(pid, tid) if self.unwinder is not None else None
+        if got is None:
+            return -1
+        sid = NATIVE_ID_BASE + len(self._native_ids)
+        self._native_ids[("now", tid)] = sid
+        self.rec.ustacks[sid], self.rec.native_flags[sid] = got
+        return sid
 
     def _fetch_stack_ids(self, ustack: int, kstack: int):
         rec = self.rec
@@ -304,11 +356,11 @@ class Session:
             ns = now_ns - st.ts
             if ns <= 0:
                 continue
-            skey = (key.tgid, key.tid, key.ustack, key.kstack, key.pystack, key.kind)
+            skey = (key.tgid, key.tid, self._ustack_id(key), key.kstack, key.pystack, key.kind)
             acc = self.rec.stacks.setdefault(skey, [0, 0])
             acc[0] += 1
             acc[1] += ns
-            self._fetch_stack_ids(key.ustack, key.kstack)
+            self._fetch_stack_ids(skey[2], key.kstack)
 
     def _capture_preexisting(self):
         """The targets' threads as they are when recording starts: BPF tells
@@ -336,7 +388,8 @@ class Session:
                     for code, _, _ in frames:
                         if (pid, code) not in self.rec.code:
                             self.rec.code[(pid, code)] = tgt.reader.code(code)
-                self._initial[tid] = (pid, pyhash, _state_kind(pid, tid))
+                self._initial[tid] = (pid, pyhash, _state_kind(pid, tid),
+                                      self._native_now(pid, tid))
 
     def _account_preexisting(self, end_ns: int):
         """Time the threads there at the start spent blocked before their first
@@ -346,7 +399,7 @@ class Session:
             init = self._initial.get(tid)
             if init is None or first == 1:
                 continue
-            pid, pyhash, kind = init
+            pid, pyhash, kind, ustack = init
             if first == 0:
                 if not os.path.exists(f"/proc/{pid}/task/{tid}"):
                     continue
@@ -354,7 +407,7 @@ class Session:
             ns = first - self._start_ns
             if ns <= 0:
                 continue
-            acc = self.rec.stacks.setdefault((pid, tid, -1, -1, pyhash, kind), [0, 0])
+            acc = self.rec.stacks.setdefault((pid, tid, ustack, -1, pyhash, kind), [0, 0])
             acc[0] += 1
             acc[1] += ns
 
@@ -465,6 +518,13 @@ class Session:
             pending = [t for t in self.targets.values() if not t.settled]
             for tgt in pending:
                 self._find_python(tgt)
+            if self.unwinder is not None:
+                # native stacks reached code in no known mapping: a library
+                # was just loaded (or the command just started): look again
+                for pid in self.unwinder.missed(0.2):
+                    tgt = self.targets.get(pid)
+                    if tgt is not None and not tgt.exited:
+                        self._snapshot(tgt)
             if now - last_slow >= 0.5:
                 last_slow = now
                 alive = False
@@ -495,6 +555,9 @@ class Session:
         for tgt in self.targets.values():
             if tgt.mem is not None:
                 tgt.mem.close()
+        if self.unwinder is not None:
+            rec.notices.extend(self.unwinder.notices)
+            self.unwinder.close()
         self.bpf.cleanup()
         return rec
 
@@ -504,6 +567,25 @@ def _state_kind(pid: int, tid: int) -> int:
     stat = _read_text(f"/proc/{pid}/task/{tid}/stat") or ""
     state = stat.rsplit(")", 1)[-1].split()[:1]
     return {"S": 1, "R": 2, "D": 3, "I": 1}.get(state[0] if state else "", 4)
+
+
+def _bpf_source(path: str) -> str:
+    """The main BPF file, with each `#include "x.h" /* inline */` replaced by
+    that file's text: bcc rewrites map calls (table.lookup()) only in the
+    main file, so headers that use maps are pasted into it."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            s = line.strip()
+            if s.startswith("#include \"") and s.endswith("/* inline */"):
+                name = s.split('"')[1]
+                out.append(f'#line 1 "{name}"\n')
+                with open(os.path.join(os.path.dirname(path), name)) as h:
+                    out.append(h.read())
+                out.append("\n")
+            else:
+                out.append(line)
+    return "".join(out)
 
 
 _PYSTACK_TYPE = None

@@ -1,0 +1,367 @@
+/* Native user stacks from .eh_frame tables (DWARF CFI), for code built
+ * without frame pointers.  Pasted into pyoffcpu.bpf.c by the loader before
+ * capture() (bcc rewrites map calls only in the main file).
+ *
+ * The main programs (on_cpu_sample, sched_switch) keep their key in
+ * unwind_scratch and end with a tail call to unwind_perf / unwind_tp, which
+ * walk the native stack (when unwind_prepare() found tables and user
+ * registers; frame pointers via bpf_get_stackid otherwise) and record the
+ * sample or the off-CPU interval start.  Ending the main programs with the
+ * tail call also keeps their verification cheap: each instruction after the
+ * Python walk is verified once per state the walk ends in.
+ *
+ * User space (pytool/pyoffcpu/unwind/) turns the .eh_frame of every
+ * executable mapping of a target into a sorted table of rows (one per change
+ * of the unwind rule, 8 bytes each) and writes them into the mmap-able array
+ * `unwind_rows`; per process, `unwind_procs` lists its executable mappings
+ * (sorted by start) and where their tables are.
+ *
+ * The walk starts from the thread's user registers (bpf_task_pt_regs: the
+ * registers saved at kernel entry, right for a sample taken in kernel mode
+ * and at sched_switch alike) and takes UNWIND_FRAMES_PER_CALL frames per
+ * program run; it continues by tail-calling itself, so the verifier sees a
+ * small program and the depth is still MAX_NATIVE_DEPTH.  The finished
+ * stack is stored once in `nstacks` under its hash (like Python stacks),
+ * and the sample or the off-CPU interval start is recorded by the last run.
+ *
+ * Per frame: find the mapping (binary search), the row (page index, then
+ * binary search), compute CFA = rsp|rbp + offset, read the return address
+ * at CFA-8 and the saved rbp if the row says where it is.  Code with no
+ * table (JIT, a table that did not fit) is walked by frame pointer.
+ *
+ * Set by the loader with -D:
+ *   PT_REGS_IP_OFF, PT_REGS_SP_OFF, PT_REGS_BP_OFF, PT_REGS_CS_OFF   (BTF)
+ *   UNWIND_ROWS        entries of unwind_rows
+ */
+#ifndef PYOFFCPU_UNWIND_H
+#define PYOFFCPU_UNWIND_H
+
+#include "unwind_defs.h"
+
+#ifndef NATIVE_UNWIND
+#define NATIVE_UNWIND 0
+#endif
+#ifndef PT_REGS_IP_OFF              /* unused with NATIVE_UNWIND=0 */
+#define PT_REGS_IP_OFF 0
+#define PT_REGS_SP_OFF 0
+#define PT_REGS_BP_OFF 0
+#define PT_REGS_CS_OFF 0
+#endif
+#ifndef UNWIND_ROWS
+#define UNWIND_ROWS (1 << 21)
+#endif
+#ifndef UNWIND_FRAMES_PER_CALL
+#define UNWIND_FRAMES_PER_CALL 16
+#endif
+#define UNWIND_MAX_CALLS ((MAX_NATIVE_DEPTH + UNWIND_FRAMES_PER_CALL - 1) / UNWIND_FRAMES_PER_CALL)
+#define UNWIND_MAP_MASK (MAX_UNWIND_MAPS - 1)
+#define NATIVE_MASK (MAX_NATIVE_DEPTH - 1)
+
+static __always_inline void add_time(struct stack_key *key, u64 ns);
+
+BPF_F_TABLE("array", u32, struct unwind_row, unwind_rows, UNWIND_ROWS, BPF_F_MMAPABLE);
+BPF_F_TABLE("hash", u32, struct proc_unwind, unwind_procs, 1024, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", u64, struct native_stack, nstacks, 32768, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(unwind_scratch, struct unwind_state, 2);   /* 0: on-CPU, 1: sched_switch */
+/* Per process: pcs found in no mapping of unwind_procs.  User space reads
+ * the process's maps again when this grows (a library just loaded). */
+BPF_HASH(unwind_misses, u32, u64, 1024);
+BPF_PROG_ARRAY(unwind_perf_progs, 1);
+BPF_PROG_ARRAY(unwind_tp_progs, 1);
+
+/* The mapping holding pc, or 0.  maps[] is sorted by start. */
+static __always_inline struct unwind_map *unwind_find_map(struct proc_unwind *pu, u64 pc)
+{
+    u32 n = pu->n;
+    if (n == 0 || n > MAX_UNWIND_MAPS)
+        return 0;
+    u32 lo = 0, hi = n;             /* the answer is in [lo, hi) */
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < UNWIND_MAP_STEPS; i++) {
+        if (hi - lo <= 1)
+            break;
+        u32 mid = (lo + hi) >> 1;
+        if (pu->maps[mid & UNWIND_MAP_MASK].start <= pc)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    struct unwind_map *m = &pu->maps[lo & UNWIND_MAP_MASK];
+    if (pc < m->start || pc >= m->end)
+        return 0;
+    return m;
+}
+
+/* The row in force at rel (bytes from the table base), or 0. */
+static __always_inline struct unwind_row *unwind_find_row(struct unwind_map *m, u64 rel)
+{
+    u32 nrows = m->nrows, npages = m->npages, first = m->rows;
+    u32 lo, hi, k;
+    u64 p = rel >> (m->page_shift & 31);
+    if (p >= npages) {
+        lo = hi = nrows - 1;
+    } else {
+        k = first + (u32)p;
+        struct unwind_row *a = unwind_rows.lookup(&k);
+        k++;
+        struct unwind_row *b = unwind_rows.lookup(&k);
+        if (!a || !b)
+            return 0;
+        lo = a->pc;
+        hi = b->pc;
+    }
+    u32 rows = first + npages + 1;  /* the rows follow the page index */
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < UNWIND_SEARCH_STEPS; i++) {
+        if (lo >= hi)
+            break;
+        u32 mid = (lo + hi + 1) >> 1;
+        k = rows + mid;
+        struct unwind_row *r = unwind_rows.lookup(&k);
+        if (!r)
+            return 0;
+        if (r->pc <= rel)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    if (lo != hi)
+        return 0;
+    k = rows + lo;
+    struct unwind_row *r = unwind_rows.lookup(&k);
+    if (!r || r->pc > rel)
+        return 0;
+    return r;
+}
+
+/* One frame: record pc, then step to the caller.  Returns 0 to go on. */
+static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwind *pu)
+{
+    u64 pc = s->pc, sp = s->sp, bp = s->bp;
+    u32 d = s->st.depth;
+    if (d >= MAX_NATIVE_DEPTH) {
+        s->st.flags |= NST_TRUNCATED;
+        return 1;
+    }
+    s->st.pcs[d & NATIVE_MASK] = pc;
+    s->st.depth = d + 1;
+    s->hash = mix(s->hash, pc);
+
+    /* Return addresses point after the call: look the caller up at pc - 1
+     * (a call can be the last instruction of a function). */
+    u64 lookup_pc = d == 0 ? pc : pc - 1;
+    u64 cfa = 0, ra = 0;
+    s64 rbp_at = 0;                 /* rbp saved at CFA + rbp_at, 0: unchanged */
+    int lost_bp = 0;
+    struct unwind_map *m = unwind_find_map(pu, lookup_pc);
+    if (m && m->nrows) {
+        u64 rel = lookup_pc - m->base;
+        if (rel >> 32) {
+            s->st.flags |= NST_INCOMPLETE;
+            return 1;
+        }
+        struct unwind_row *r = unwind_find_row(m, rel);
+        if (!r) {
+            s->st.flags |= NST_INCOMPLETE;
+            return 1;
+        }
+        u8 kind = r->kind;
+        if (kind == UR_END)
+            return 1;               /* the outermost frame: a complete stack */
+        if (kind == UR_RSP)
+            cfa = sp + r->cfa_off;
+        else if (kind == UR_RBP)
+            cfa = bp + r->cfa_off;
+        else if (kind == UR_PLT)
+            cfa = sp + r->cfa_off + ((lookup_pc & 15) >= (u64)r->rbp ? 8 : 0);
+        else {
+            s->st.flags |= NST_INCOMPLETE;
+            return 1;
+        }
+        if (kind != UR_PLT) {
+            if (ROW_RBP(r) == RBP_LOST)
+                lost_bp = 1;
+            else
+                rbp_at = ROW_RBP(r) * 8;
+        }
+    } else {
+        /* No table: frame pointers (JIT code, an object that did not fit,
+         * a library loaded since user space last looked). */
+        if (!m)
+            s->st.flags |= NST_UNMAPPED;
+        if (bp <= sp || bp - sp > (8ULL << 20)) {
+            s->st.flags |= NST_INCOMPLETE;
+            return 1;
+        }
+        s->st.flags |= NST_FRAMEPOINTER;
+        cfa = bp + 16;
+        rbp_at = -16;
+    }
+    if (cfa <= sp && d > 0) {
+        s->st.flags |= NST_INCOMPLETE;     /* no progress: a bad rule, or garbage */
+        return 1;
+    }
+    if (rbp_at == -16) {
+        /* the common case, push rbp first: both words in one read */
+        u64 two[2] = {};
+        if (bpf_probe_read_user(two, sizeof(two), (void *)(cfa - 16)) != 0) {
+            s->st.flags |= NST_INCOMPLETE;
+            return 1;
+        }
+        bp = two[0];
+        ra = two[1];
+    } else {
+        if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
+            s->st.flags |= NST_INCOMPLETE;
+            return 1;
+        }
+        if (rbp_at) {
+            if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_at)) != 0)
+                bp = 0;
+        } else if (lost_bp) {
+            bp = 0;
+        }
+    }
+    if (ra == 0)
+        return 1;                   /* the end of the chain */
+    s->pc = ra;
+    s->sp = cfa;
+    s->bp = bp;
+    return 0;
+}
+
+/* User registers of the current thread into s; 0 when it has none. */
+static __always_inline int unwind_regs(struct unwind_state *s)
+{
+    struct task_struct *task = bpf_get_current_task_btf();
+    u64 regs = bpf_task_pt_regs(task);
+    if (!regs)
+        return 0;
+    u64 cs = 0;
+    long err = bpf_probe_read_kernel(&s->pc, 8, (void *)(regs + PT_REGS_IP_OFF));
+    err |= bpf_probe_read_kernel(&s->sp, 8, (void *)(regs + PT_REGS_SP_OFF));
+    err |= bpf_probe_read_kernel(&s->bp, 8, (void *)(regs + PT_REGS_BP_OFF));
+    err |= bpf_probe_read_kernel(&cs, 8, (void *)(regs + PT_REGS_CS_OFF));
+    return err == 0 && (cs & 3) == 3;
+}
+
+/* Set up the walk of the current thread's user stack: its registers into
+ * the per-CPU state, ready = 1 when the walk can run (the process has
+ * tables and the thread user registers).  Called before the Python walk,
+ * so that its branches are not multiplied by the walk's verifier states;
+ * unwind_ready() then hands the key over. */
+static __always_inline int unwind_prepare(u32 tgid, int slot)
+{
+    struct unwind_state *s = unwind_scratch.lookup(&slot);
+    if (!s)
+        return 0;
+    s->ready = 0;
+    if (!NATIVE_UNWIND)
+        return 0;
+    if (!unwind_procs.lookup(&tgid))
+        return 0;
+    if (!unwind_regs(s))
+        return 0;
+    s->calls = 0;
+    s->st.tgid = tgid;
+    s->st.depth = 0;
+    s->st.flags = 0;
+    s->hash = 0xcbf29ce484222325ULL ^ tgid;
+    s->ready = 1;
+    return 1;
+}
+
+/* Walk up to UNWIND_FRAMES_PER_CALL frames; 1 when the stack is finished. */
+static __always_inline int unwind_run(struct unwind_state *s)
+{
+    u32 tgid = s->key.tgid;
+    struct proc_unwind *pu = unwind_procs.lookup(&tgid);
+    if (!pu) {
+        s->st.flags |= NST_INCOMPLETE;
+        return 1;
+    }
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < UNWIND_FRAMES_PER_CALL; i++) {
+        if (unwind_step(s, pu))
+            return 1;
+    }
+    s->calls++;
+    if (s->calls >= UNWIND_MAX_CALLS) {
+        s->st.flags |= NST_TRUNCATED;
+        return 1;
+    }
+    return 0;
+}
+
+/* Store the finished stack and put its hash in the key. */
+static __always_inline void unwind_store(struct unwind_state *s)
+{
+    u64 h = mix(s->hash, s->st.flags);
+    if (h == 0)
+        h = 1;
+    if (!nstacks.lookup(&h)) {
+        if (nstacks.insert(&h, &s->st) != 0)
+            count_drop(DROP_NSTACK_FULL);
+    }
+    s->key.nstack = h;
+    if (s->st.flags & NST_INCOMPLETE)
+        count_drop(DROP_NSTACK_INCOMPLETE);
+    if (s->st.flags & NST_UNMAPPED) {
+        u32 tgid = s->st.tgid;
+        u64 one = 1;
+        u64 *miss = unwind_misses.lookup(&tgid);
+        if (miss)
+            __sync_fetch_and_add(miss, 1);
+        else
+            unwind_misses.update(&tgid, &one);
+    }
+}
+
+/* The unwinder programs: one per program type (tail calls stay within one). */
+/* The finishing programs, one per program type (tail calls stay within
+ * one): the main programs leave the key in unwind_scratch and tail-call
+ * them; they walk the native stack when unwind_prepare() set it up,
+ * tail-calling themselves every UNWIND_FRAMES_PER_CALL frames, then
+ * record the sample or the off-CPU interval start. */
+int unwind_perf(struct bpf_perf_event_data *ctx)
+{
+    int slot = 0;
+    struct unwind_state *s = unwind_scratch.lookup(&slot);
+    if (!s)
+        return 0;
+    if (s->ready) {
+        if (!unwind_run(s)) {
+            unwind_perf_progs.call(ctx, 0);
+            s->st.flags |= NST_TRUNCATED;   /* the tail call failed */
+        }
+        s->ready = 0;
+        unwind_store(s);
+    }
+    add_time(&s->key, SAMPLE_PERIOD_NS);
+    return 0;
+}
+
+int unwind_tp(void *ctx)
+{
+    int slot = 1;
+    struct unwind_state *s = unwind_scratch.lookup(&slot);
+    if (!s)
+        return 0;
+    if (s->ready) {
+        if (!unwind_run(s)) {
+            unwind_tp_progs.call(ctx, 0);
+            s->st.flags |= NST_TRUNCATED;
+        }
+        s->ready = 0;
+        unwind_store(s);
+    }
+    u32 tid = s->key.tid;
+    struct offcpu_start st = {};
+    st.key = s->key;
+    st.ts = s->ts;
+    if (offcpu_start.update(&tid, &st) != 0)
+        count_drop(DROP_START_FULL);
+    return 0;
+}
+
+#endif

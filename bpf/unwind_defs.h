@@ -1,0 +1,73 @@
+/* Structs of the native unwinder shared by bpf/unwind.h and the loader
+ * (pytool/pyoffcpu/unwind/loader.py mirrors them with ctypes, and
+ * unwind/table.py writes the rows: keep all three in step). */
+#ifndef PYOFFCPU_UNWIND_DEFS_H
+#define PYOFFCPU_UNWIND_DEFS_H
+
+#ifndef MAX_NATIVE_DEPTH
+#define MAX_NATIVE_DEPTH 128        /* power of two */
+#endif
+#define MAX_UNWIND_MAPS 256         /* executable mappings per process; power of two */
+#define UNWIND_MAP_STEPS 9          /* log2(MAX_UNWIND_MAPS) + 1 */
+#define UNWIND_SEARCH_STEPS 10      /* rows per page <= 1 << UNWIND_SEARCH_STEPS */
+
+/* unwind_row.kind */
+#define UR_INVALID 0                /* no rule the unwinder can follow: stop */
+#define UR_RSP     1                /* CFA = rsp + cfa_off */
+#define UR_RBP     2                /* CFA = rbp + cfa_off */
+#define UR_PLT     3                /* CFA = rsp + cfa_off + ((pc & 15) >= rbp ? 8 : 0) */
+#define UR_END     4                /* return address undefined: outermost frame */
+#define RBP_LOST   (-128)           /* rbp cannot be recovered in the caller */
+#define ROW_RBP(r) ((s64)(signed char)(r)->rbp)
+
+/* The rule from pc on; also the page index entries (pc = row index). */
+struct unwind_row {
+    unsigned int pc;                /* bytes from the table base */
+    short cfa_off;
+    unsigned char kind;
+    unsigned char rbp;              /* as signed char: rbp saved at CFA + 8 * rbp;
+                                       0: unchanged (bcc's ctypes know no signed char) */
+};
+
+/* One executable mapping of a process. */
+struct unwind_map {
+    unsigned long long start, end;  /* runtime addresses */
+    unsigned long long base;        /* runtime address of the table's pc 0 */
+    unsigned int rows;              /* first entry in unwind_rows: the page index */
+    unsigned int npages;            /* page index entries - 1; rows follow the index */
+    unsigned int nrows;             /* 0: no table, walk by frame pointer */
+    unsigned int page_shift;
+};
+
+struct proc_unwind {
+    unsigned int n;
+    unsigned int pad;
+    struct unwind_map maps[MAX_UNWIND_MAPS];   /* sorted by start */
+};
+
+/* native_stack.flags */
+#define NST_TRUNCATED    1          /* deeper than MAX_NATIVE_DEPTH: root-side frames lost */
+#define NST_INCOMPLETE   2          /* stopped at a frame it could not unwind */
+#define NST_FRAMEPOINTER 4          /* some frames were found by frame pointer */
+#define NST_UNMAPPED     8          /* a pc in no mapping known to unwind_procs */
+
+struct native_stack {
+    unsigned int tgid;
+    unsigned int depth;
+    unsigned int flags;
+    unsigned int pad;
+    unsigned long long pcs[MAX_NATIVE_DEPTH];  /* innermost first */
+};
+
+/* In-flight walk, per CPU: what the last unwinder run records. */
+struct unwind_state {
+    struct stack_key key;
+    unsigned long long ts;          /* sched_switch: start of the off-CPU interval */
+    unsigned long long pc, sp, bp;
+    unsigned long long hash;
+    unsigned int calls;
+    unsigned int ready;             /* set up by unwind_prepare() */
+    struct native_stack st;
+};
+
+#endif

@@ -1,0 +1,360 @@
+"""Compact unwind tables: what the BPF unwinder (bpf/unwind.h) searches.
+
+One table per object file: rows sorted by code address, each 8 bytes
+(`struct unwind_row` in bpf/unwind.h), the rule from that address on:
+
+    u32 pc        address - table base (base: the lowest FDE address, page aligned)
+    s16 cfa_off   CFA = rsp/rbp + cfa_off
+    u8  kind      UR_INVALID / UR_RSP / UR_RBP / UR_PLT / UR_END
+    s8  rbp       rbp saved at CFA + 8*rbp (< 0), 0: unchanged, RBP_LOST: unknown;
+                  for UR_PLT: the threshold K of the PLT rule
+                  CFA = rsp + cfa_off + ((pc & 15) >= K ? 8 : 0)
+
+Gaps between FDEs are UR_INVALID rows.  A page index speeds the search up:
+pages[i] is the index of the row in force at base + i * PAGE (the BPF side
+searches rows pages[i] .. pages[i+1]).
+"""
+from __future__ import annotations
+
+import array
+import hashlib
+import os
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Iterable, List, Optional, Tuple
+
+from . import ehframe as E
+
+UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END = 0, 1, 2, 3, 4
+RBP_LOST = -128
+PAGE_SHIFT = 12
+PAGE = 1 << PAGE_SHIFT
+ROW = struct.Struct("<IhBb")
+SEARCH_STEPS = 10                       # halvings the BPF search does (UNWIND_SEARCH_STEPS)
+MAX_ROWS_PER_PAGE = 1 << SEARCH_STEPS
+MIN_PAGE_SHIFT = 6
+
+KIND_NAMES = {UR_INVALID: "invalid", UR_RSP: "rsp", UR_RBP: "rbp", UR_PLT: "plt", UR_END: "end"}
+
+
+@dataclass
+class UnwindTable:
+    base: int                   # ELF virtual address of pc 0
+    rows: bytes                 # nrows * ROW.size
+    pages: array.array          # 'I', npages + 1 entries
+    build_id: Optional[str] = None
+    unsupported: int = 0        # FDE rows the unwinder cannot follow (expressions...)
+    page_shift: int = PAGE_SHIFT
+
+    @property
+    def nrows(self) -> int:
+        return len(self.rows) // ROW.size
+
+    @property
+    def npages(self) -> int:
+        return len(self.pages) - 1
+
+    def row(self, i: int) -> Tuple[int, int, int, int]:
+        return ROW.unpack_from(self.rows, i * ROW.size)
+
+    def lookup(self, vaddr: int) -> Tuple[int, int, int, int]:
+        """The row for an ELF virtual address, as the BPF side finds it:
+        (pc, cfa_off, kind, rbp); kind UR_INVALID when none."""
+        rel = vaddr - self.base
+        if rel < 0 or self.nrows == 0:
+            return (0, 0, UR_INVALID, 0)
+        p = rel >> self.page_shift
+        if p >= self.npages:
+            lo = hi = self.nrows - 1
+        else:
+            lo, hi = self.pages[p], self.pages[p + 1]
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if self.row(mid)[0] <= rel:
+                lo = mid
+            else:
+                hi = mid - 1
+        r = self.row(lo)
+        if r[0] > rel:
+            return (0, 0, UR_INVALID, 0)
+        return r
+
+    def max_rows_per_page(self) -> int:
+        return max((self.pages[i + 1] - self.pages[i] + 1 for i in range(self.npages)), default=0)
+
+
+def _plt_threshold(expr: bytes) -> Optional[Tuple[int, int]]:
+    """(offset, K) for the PLT rule `rsp + off + ((rip & 15) >= K) << 3`."""
+    # DW_OP_breg7 sleb off; DW_OP_breg16 0; lit15; and; litK; ge; lit3; shl; plus
+    if len(expr) < 11 or expr[0] != 0x77:
+        return None
+    off, pos = E.read_sleb(expr, 1)
+    tail = expr[pos:]
+    if (len(tail) == 9 and tail[0:2] == b"\x80\x00" and tail[2] == 0x3F and tail[3] == 0x1A
+            and 0x30 <= tail[4] <= 0x4F and tail[5:] == b"\x2a\x33\x24\x22"):
+        return off, tail[4] - 0x30
+    return None
+
+
+def encode_row(r: E.Row) -> Tuple[int, int, int]:
+    """(kind, cfa_off, rbp) of one parsed row."""
+    if r.ra[0] == E.UNDEFINED:
+        return (UR_END, 0, 0)
+    if r.cfa_expr is not None:
+        plt = _plt_threshold(r.cfa_expr)
+        if plt is not None and -32768 <= plt[0] < 32768 and r.ra == (E.OFFSET, -8):
+            return (UR_PLT, plt[0], plt[1])
+        return (UR_INVALID, 0, 0)
+    if r.ra != (E.OFFSET, -8):
+        return (UR_INVALID, 0, 0)
+    if r.cfa_reg == E.REG_RSP:
+        kind = UR_RSP
+    elif r.cfa_reg == E.REG_RBP:
+        kind = UR_RBP
+    else:
+        return (UR_INVALID, 0, 0)
+    if not -32768 <= r.cfa_off < 32768:
+        return (UR_INVALID, 0, 0)
+    rk, ro = r.rbp
+    if rk == E.SAME:
+        rbp = 0
+    elif rk == E.OFFSET and ro % 8 == 0 and -127 * 8 <= ro < 0:
+        rbp = ro // 8
+    else:
+        rbp = RBP_LOST
+    return (kind, r.cfa_off, rbp)
+
+
+def build_table(fdes: Iterable[E.FdeTable], build_id: Optional[str] = None) -> UnwindTable:
+    # (loc, priority, encoding): a rule at loc wins over the end marker of the
+    # FDE before it (priority 0 < 1).
+    entries: List[Tuple[int, int, Tuple[int, int, int]]] = []
+    unsupported = 0
+    for fde in fdes:
+        for r in fde.rows:
+            if fde.pc_begin <= r.loc < fde.pc_end:
+                enc = encode_row(r) if not fde.signal_frame else (UR_INVALID, 0, 0)
+                if enc[0] == UR_INVALID:
+                    unsupported += 1
+                entries.append((r.loc, 0, enc))
+        entries.append((fde.pc_end, 1, (UR_INVALID, 0, 0)))
+    if not entries:
+        return UnwindTable(0, b"", array.array("I", [0]), build_id)
+    entries.sort(key=lambda e: (e[0], e[1]))
+    base = entries[0][0] & ~(PAGE - 1)
+    out = bytearray()
+    locs: List[int] = []
+    last_loc = None
+    last_enc = None
+    for loc, _prio, enc in entries:
+        if loc == last_loc:
+            continue                    # an earlier entry at the same loc won
+        last_loc = loc
+        if enc == last_enc:
+            continue
+        last_enc = enc
+        rel = loc - base
+        if rel >= 1 << 32:
+            break                       # objects over 4 GiB of code: rest unsupported
+        out += ROW.pack(rel, enc[1], enc[0], enc[2])
+        locs.append(rel)
+    shift = PAGE_SHIFT
+    while True:
+        pages = _page_index(locs, shift)
+        t = UnwindTable(base, bytes(out), pages, build_id, unsupported, shift)
+        if t.max_rows_per_page() <= MAX_ROWS_PER_PAGE or shift <= MIN_PAGE_SHIFT:
+            return t
+        shift -= 1
+
+
+def _page_index(locs: List[int], shift: int) -> array.array:
+    n = len(locs)
+    npages = (locs[-1] >> shift) + 1
+    pages = array.array("I", bytes(4 * (npages + 1)))
+    i = 0
+    for p in range(npages):
+        start = p << shift
+        while i + 1 < n and locs[i + 1] <= start:
+            i += 1
+        pages[p] = i
+    pages[npages] = n - 1
+    return pages
+
+
+# ---------------------------------------------------------------------------
+# ELF files and the on-disk cache
+# ---------------------------------------------------------------------------
+MAGIC = b"PYOFFUW2"
+_HDR = struct.Struct("<8sQIIII")       # magic, base, nrows, npages, unsupported, page shift
+
+
+def table_from_elf(stream) -> UnwindTable:
+    """The table of an ELF file's .eh_frame (stream: an open binary file)."""
+    from elftools.elf.elffile import ELFFile
+    elf = ELFFile(stream)
+    if elf["e_machine"] != "EM_X86_64":
+        raise E.EhFrameError(f"not x86_64 ({elf['e_machine']})")
+    sec = elf.get_section_by_name(".eh_frame")
+    if sec is None or sec["sh_type"] == "SHT_NOBITS":
+        return build_table([])
+    return build_table(E.parse_eh_frame(sec.data(), sec["sh_addr"]))
+
+
+def serialize(t: UnwindTable) -> bytes:
+    pages = t.pages if sys.byteorder == "little" else array.array("I", t.pages)
+    if sys.byteorder != "little":
+        pages.byteswap()
+    return (_HDR.pack(MAGIC, t.base, t.nrows, t.npages, t.unsupported, t.page_shift)
+            + t.rows + pages.tobytes())
+
+
+def deserialize(data: bytes) -> UnwindTable:
+    if len(data) < _HDR.size:
+        raise ValueError("short unwind table")
+    magic, base, nrows, npages, unsupported, shift = _HDR.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise ValueError("not an unwind table")
+    rows_end = _HDR.size + nrows * ROW.size
+    if len(data) != rows_end + 4 * (npages + 1):
+        raise ValueError("unwind table of the wrong size")
+    pages = array.array("I")
+    pages.frombytes(data[rows_end:])
+    if sys.byteorder != "little":
+        pages.byteswap()
+    if nrows and (max(pages) >= nrows or pages[npages] != nrows - 1):
+        raise ValueError("corrupt unwind table page index")
+    if not MIN_PAGE_SHIFT <= shift <= PAGE_SHIFT:
+        raise ValueError("bad page shift")
+    return UnwindTable(base, bytes(data[_HDR.size:rows_end]), pages, None, unsupported, shift)
+
+
+def default_cache_dir() -> Optional[str]:
+    d = os.environ.get("PYOFFCPU_CACHE_DIR")
+    if d == "":
+        return None                     # caching off
+    if d:
+        return os.path.join(d, "unwind")
+    if os.geteuid() == 0:
+        return "/var/cache/pyoffcpu/unwind"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "pyoffcpu", "unwind")
+
+
+def _safe_dir(path: str) -> bool:
+    """Ours and not writable by others: a table read from it steers the unwinder."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+class TableCache:
+    """Tables by file identity, in memory and on disk.
+
+    Key: the GNU build-id when the file has one, else (path, device, inode,
+    size, mtime).  Disk files are written atomically and checked on read."""
+
+    VERSION = 1
+    MAX_FILES = 2048                    # past this, the least recently used half goes
+
+    def __init__(self, directory: Optional[str] = "default"):
+        self.dir = default_cache_dir() if directory == "default" else directory
+        if self.dir is not None and not _safe_dir(self.dir):
+            self.dir = None
+        self._mem: dict = {}
+        self.built = 0                  # tables parsed from ELF this session
+        self.loaded = 0                 # tables read from the disk cache
+
+    @staticmethod
+    def key_for(path: str, build_id: Optional[str], st: os.stat_result) -> str:
+        if build_id:
+            ident = f"bid:{build_id}"
+        else:
+            ident = f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        return hashlib.sha256(f"v{TableCache.VERSION}:{ident}".encode()).hexdigest()[:32]
+
+    def get(self, path: str, build_id: Optional[str]) -> Optional[UnwindTable]:
+        """The table of the ELF file at path (None: not an x86_64 ELF or unreadable)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = self.key_for(path, build_id, st)
+        if key in self._mem:
+            return self._mem[key]
+        t = self._read(key)
+        if t is None:
+            try:
+                with open(path, "rb") as f:
+                    t = table_from_elf(f)
+            except Exception:           # any malformed ELF: no table, native stacks by FP
+                t = None
+            if t is not None:
+                self.built += 1
+                self._write(key, t)
+        else:
+            self.loaded += 1
+        if t is not None:
+            t.build_id = build_id
+        self._mem[key] = t
+        return t
+
+    def get_bytes(self, name: str, data: bytes, build_id: Optional[str]) -> Optional[UnwindTable]:
+        """For in-memory images (the vDSO)."""
+        import io
+        key = hashlib.sha256(f"v{self.VERSION}:mem:{name}:{build_id}".encode() + (
+            b"" if build_id else hashlib.sha256(data).digest())).hexdigest()[:32]
+        if key in self._mem:
+            return self._mem[key]
+        try:
+            t = table_from_elf(io.BytesIO(data))
+        except Exception:
+            t = None
+        self._mem[key] = t
+        return t
+
+    def _read(self, key: str) -> Optional[UnwindTable]:
+        if self.dir is None:
+            return None
+        path = os.path.join(self.dir, key + ".tbl")
+        try:
+            with open(path, "rb") as f:
+                t = deserialize(f.read())
+        except (OSError, ValueError, struct.error):
+            return None
+        try:
+            os.utime(path)              # recently used: kept by _prune
+        except OSError:
+            pass
+        return t
+
+    def _write(self, key: str, t: UnwindTable) -> None:
+        if self.dir is None:
+            return
+        final = os.path.join(self.dir, key + ".tbl")
+        tmp = f"{final}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(serialize(t))
+            os.replace(tmp, final)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        self._prune()
+
+    def _prune(self) -> None:
+        try:
+            names = [n for n in os.listdir(self.dir) if n.endswith(".tbl")]
+            if len(names) <= self.MAX_FILES:
+                return
+            aged = sorted(names, key=lambda n: os.stat(os.path.join(self.dir, n)).st_mtime)
+            for n in aged[:len(aged) - self.MAX_FILES // 2]:
+                os.unlink(os.path.join(self.dir, n))
+        except OSError:
+            pass

@@ -1,0 +1,102 @@
+"""The BPF unwinder's rules, in user space: native stacks of threads that are
+already blocked when the recording starts (BPF only walks a thread when it
+leaves the CPU).  /proc/PID/task/TID/syscall gives a blocked thread's user
+sp and pc; rbp is not known there, so a frame whose CFA is rbp-based before
+any callee has restored rbp ends the walk (it is marked incomplete)."""
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from . import table as T
+
+MAX_DEPTH = 128                 # MAX_NATIVE_DEPTH
+NST_TRUNCATED, NST_INCOMPLETE, NST_FRAMEPOINTER = 1, 2, 4
+
+# (start, end, runtime address of table pc 0, table) per executable mapping
+Region = Tuple[int, int, int, T.UnwindTable]
+
+
+def blocked_registers(pid: int, tid: int) -> Optional[Tuple[int, int]]:
+    """(pc, sp) in user space of a blocked thread; None when it runs."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+            parts = f.read().split()
+    except OSError:
+        return None
+    if len(parts) < 3 or parts[0] == "running":
+        return None
+    try:
+        sp, pc = int(parts[-2], 16), int(parts[-1], 16)
+    except ValueError:
+        return None
+    return (pc, sp) if pc and sp else None
+
+
+def walk(regions: Sequence[Region], pc: int, sp: int, bp: Optional[int],
+         read_u64: Callable[[int], Optional[int]]) -> Tuple[List[int], int]:
+    """(pcs innermost first, NST_* flags), as bpf/unwind.h walks them."""
+    regions = sorted(regions, key=lambda r: r[0])
+    starts = [r[0] for r in regions]
+    pcs: List[int] = []
+    flags = 0
+    while True:
+        if len(pcs) >= MAX_DEPTH:
+            return pcs, flags | NST_TRUNCATED
+        leaf = not pcs
+        pcs.append(pc)
+        lookup = pc if leaf else pc - 1
+        i = bisect.bisect_right(starts, lookup) - 1
+        region = regions[i] if i >= 0 and lookup < regions[i][1] else None
+        rbp_at: Optional[int] = 0
+        if region is not None:
+            _, _, base, table = region
+            _, off, kind, rbp = table.lookup(lookup - base + table.base)
+            if kind == T.UR_END:
+                return pcs, flags
+            if kind == T.UR_RSP:
+                cfa = sp + off
+            elif kind == T.UR_RBP and bp is not None:
+                cfa = bp + off
+            elif kind == T.UR_PLT:
+                cfa = sp + off + (8 if (lookup & 15) >= (rbp & 0xFF) else 0)
+                rbp = 0
+            else:
+                return pcs, flags | NST_INCOMPLETE
+            rbp_at = None if rbp == T.RBP_LOST else rbp * 8
+        else:
+            if bp is None or bp <= sp or bp - sp > (8 << 20):
+                return pcs, flags | NST_INCOMPLETE
+            flags |= NST_FRAMEPOINTER
+            cfa = bp + 16
+            rbp_at = -16
+        if cfa <= sp and not leaf:
+            return pcs, flags | NST_INCOMPLETE
+        ra = read_u64(cfa - 8)
+        if ra is None:
+            return pcs, flags | NST_INCOMPLETE
+        if rbp_at is None:
+            bp = None
+        elif rbp_at:
+            bp = read_u64(cfa + rbp_at)
+        if ra == 0:
+            return pcs, flags
+        pc, sp = ra, cfa
+
+
+def memory_reader(pid: int):
+    """read_u64 over /proc/PID/mem; call .close() when done."""
+    fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+
+    def read_u64(addr: int) -> Optional[int]:
+        if addr <= 0:
+            return None
+        try:
+            data = os.pread(fd, 8, addr)
+        except OSError:
+            return None
+        return struct.unpack("<Q", data)[0] if len(data) == 8 else None
+    read_u64.close = lambda: os.close(fd)
+    return read_u64
