@@ -221,6 +221,66 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     return h;
 }
 
+/* Switch memo.  A thread that blocks again exactly where it blocked last time
+ * (same user PC and stack pointer, same innermost Python frame and
+ * instruction) has the same stacks: ping-pong threads switch tens of
+ * thousands of times a second from one place, and a full capture (Python
+ * walk + native unwind) costs ~9 us each.  The memo keeps the last key per
+ * thread; only with NATIVE_UNWIND, whose pt_regs offsets the signature needs.
+ * Kernel stacks are still taken fresh. */
+struct switch_sig {
+    u64 pc, sp, frame, instr;
+};
+struct switch_memo_t {
+    struct switch_sig sig;
+    struct stack_key key;
+};
+BPF_HASH(switch_memo, u32, struct switch_memo_t, 65536);
+/* The signature of the switch being captured, for unwind_tp to memorise. */
+struct switch_pending_t {
+    struct switch_sig sig;
+    u32 ok;
+};
+BPF_PERCPU_ARRAY(switch_pending, struct switch_pending_t, 1);
+
+static __always_inline int switch_signature(u32 tgid, struct switch_sig *sig)
+{
+#if NATIVE_UNWIND
+    struct task_struct *task = bpf_get_current_task_btf();
+    u64 regs = bpf_task_pt_regs(task);
+    if (!regs)
+        return 0;
+    u64 cs = 0;
+    long err = bpf_probe_read_kernel(&sig->pc, 8, (void *)(regs + PT_REGS_IP_OFF));
+    err |= bpf_probe_read_kernel(&sig->sp, 8, (void *)(regs + PT_REGS_SP_OFF));
+    err |= bpf_probe_read_kernel(&cs, 8, (void *)(regs + PT_REGS_CS_OFF));
+    if (err || (cs & 3) != 3)
+        return 0;
+    struct proc_info *pi = procs.lookup(&tgid);
+    if (pi && pi->walker != WALK_NONE) {
+        u64 tstate = current_tstate(pi);
+        if (tstate) {
+            int failed = 0;
+            u64 f = first_frame(pi, tstate, &failed);
+            if (failed)
+                return 0;
+            sig->frame = f;
+            u64 off = pi->walker == WALK_FRAMEOBJ ? pi->frame_lasti : pi->iframe_instr;
+            if (f && bpf_probe_read_user(&sig->instr, 8, (void *)(f + off)) != 0)
+                return 0;
+        }
+    }
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static __always_inline int same_sig(struct switch_sig *a, struct switch_sig *b)
+{
+    return a->pc == b->pc && a->sp == b->sp && a->frame == b->frame && a->instr == b->instr;
+}
+
 /* Inlined by the loader (session._bpf_source): bcc rewrites map calls such
  * as table.lookup() only in the main file. */
 #include "unwind.h" /* inline */
@@ -363,6 +423,26 @@ TRACEPOINT_PROBE(sched, sched_switch)
     struct comm_t name = {};
     bpf_probe_read_kernel(&name.c, sizeof(name.c), args->prev_comm);
     thread_names.update(&prev, &name);
+    int zero = 0;
+    struct switch_pending_t *pending = switch_pending.lookup(&zero);
+    if (!pending)
+        return 0;
+    pending->ok = switch_signature(tgid, &pending->sig);
+    if (pending->ok) {
+        struct switch_memo_t *memo = switch_memo.lookup(&prev);
+        if (memo && same_sig(&memo->sig, &pending->sig)) {
+            struct offcpu_start hit = {};
+            hit.key = memo->key;
+            hit.key.kind = off_cpu_kind(args->prev_state);
+#if KERNEL_STACKS
+            hit.key.kstack = kstacks.get_stackid(args, 0);
+#endif
+            hit.ts = now;
+            if (offcpu_start.update(&prev, &hit) != 0)
+                count_drop(DROP_START_FULL);
+            return 0;
+        }
+    }
     /* As in on_cpu_sample: unwind_tp records the interval start. */
     int slot = 1;
     struct unwind_state *us = unwind_scratch.lookup(&slot);

@@ -361,6 +361,16 @@ int unwind_tp(void *ctx)
     st.ts = s->ts;
     if (offcpu_start.update(&tid, &st) != 0)
         count_drop(DROP_START_FULL);
+    /* Memorise the capture for the thread's next switch-out (switch_memo in
+     * pyoffcpu.bpf.c), unless its stacks are incomplete. */
+    int zero = 0;
+    struct switch_pending_t *pending = switch_pending.lookup(&zero);
+    if (pending && pending->ok && !(s->st.flags & NST_INCOMPLETE)) {
+        struct switch_memo_t memo = {};
+        memo.sig = pending->sig;
+        memo.key = s->key;
+        switch_memo.update(&tid, &memo);
+    }
     return 0;
 }
 

@@ -221,3 +221,26 @@ def test_threads_blocked_for_the_whole_recording_appear(tmp_path, bpf):
         assert abs(prof.total_ns(tid=tid) / 1e9 - 2.0) < 0.1, prof.total_ns(tid=tid)
         names = {f.name for k in keys for f in py_frames(k)}
         assert ("parked" in names) if tid != w.pid else ("main" in names), names
+
+
+def test_switch_heavy_thread_keeps_apart_two_places_it_blocks_in(tmp_path, bpf):
+    """sched_switch reuses a thread's last capture when it blocks exactly
+    where it did last time; blocking alternately under two Python functions
+    at the same native spot must still be told apart."""
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "pingpong.py")
+    try:
+        _, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "2")
+    finally:
+        w.stop()
+    off = {"read_a": 0, "read_b": 0}
+    for k, ns in prof.weights.items():
+        if k.off_cpu is None:
+            continue
+        names = [f.name for f in py_frames(k)]
+        for fn in off:
+            if fn in names:
+                off[fn] += ns
+    total = sum(off.values())
+    assert total > 0.5e9, off
+    assert abs(off["read_a"] / total - 0.5) < 0.1, off

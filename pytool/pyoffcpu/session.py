@@ -147,7 +147,7 @@ class Session:
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
         cflags += self._unwind_cflags
         try:
-            self.bpf = BPF(text=_bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")),
+            self.bpf = BPF(text=_bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")).encode(),
                            cflags=cflags)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
