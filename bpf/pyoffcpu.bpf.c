@@ -427,13 +427,16 @@ TRACEPOINT_PROBE(sched, sched_switch)
     struct switch_pending_t *pending = switch_pending.lookup(&zero);
     if (!pending)
         return 0;
-    pending->ok = switch_signature(tgid, &pending->sig);
+    /* Only voluntary switches: a preempted thread stops anywhere, mid-call
+     * included, and would rarely hit anyway. */
+    u32 kind = off_cpu_kind(args->prev_state);
+    pending->ok = kind != KIND_RUNQUEUE && switch_signature(tgid, &pending->sig);
     if (pending->ok) {
         struct switch_memo_t *memo = switch_memo.lookup(&prev);
         if (memo && same_sig(&memo->sig, &pending->sig)) {
             struct offcpu_start hit = {};
             hit.key = memo->key;
-            hit.key.kind = off_cpu_kind(args->prev_state);
+            hit.key.kind = kind;
 #if KERNEL_STACKS
             hit.key.kstack = kstacks.get_stackid(args, 0);
 #endif
