@@ -243,7 +243,10 @@ struct switch_pending_t {
 };
 BPF_PERCPU_ARRAY(switch_pending, struct switch_pending_t, 1);
 
-static __always_inline int switch_signature(u32 tgid, struct switch_sig *sig)
+/* The current thread's user registers, as saved at kernel entry (right for
+ * a sample taken in kernel mode and at sched_switch alike); 0 when it has
+ * none.  pt_regs offsets from BTF (-DPT_REGS_*_OFF, with NATIVE_UNWIND). */
+static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp)
 {
 #if NATIVE_UNWIND
     struct task_struct *task = bpf_get_current_task_btf();
@@ -251,10 +254,21 @@ static __always_inline int switch_signature(u32 tgid, struct switch_sig *sig)
     if (!regs)
         return 0;
     u64 cs = 0;
-    long err = bpf_probe_read_kernel(&sig->pc, 8, (void *)(regs + PT_REGS_IP_OFF));
-    err |= bpf_probe_read_kernel(&sig->sp, 8, (void *)(regs + PT_REGS_SP_OFF));
+    long err = bpf_probe_read_kernel(pc, 8, (void *)(regs + PT_REGS_IP_OFF));
+    err |= bpf_probe_read_kernel(sp, 8, (void *)(regs + PT_REGS_SP_OFF));
+    err |= bpf_probe_read_kernel(bp, 8, (void *)(regs + PT_REGS_BP_OFF));
     err |= bpf_probe_read_kernel(&cs, 8, (void *)(regs + PT_REGS_CS_OFF));
-    if (err || (cs & 3) != 3)
+    return err == 0 && (cs & 3) == 3;
+#else
+    return 0;
+#endif
+}
+
+static __always_inline int switch_signature(u32 tgid, struct switch_sig *sig)
+{
+#if NATIVE_UNWIND
+    u64 bp;
+    if (!current_user_regs(&sig->pc, &sig->sp, &bp))
         return 0;
     struct proc_info *pi = procs.lookup(&tgid);
     if (pi && pi->walker != WALK_NONE) {

@@ -233,16 +233,7 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
 /* User registers of the current thread into s; 0 when it has none. */
 static __always_inline int unwind_regs(struct unwind_state *s)
 {
-    struct task_struct *task = bpf_get_current_task_btf();
-    u64 regs = bpf_task_pt_regs(task);
-    if (!regs)
-        return 0;
-    u64 cs = 0;
-    long err = bpf_probe_read_kernel(&s->pc, 8, (void *)(regs + PT_REGS_IP_OFF));
-    err |= bpf_probe_read_kernel(&s->sp, 8, (void *)(regs + PT_REGS_SP_OFF));
-    err |= bpf_probe_read_kernel(&s->bp, 8, (void *)(regs + PT_REGS_BP_OFF));
-    err |= bpf_probe_read_kernel(&cs, 8, (void *)(regs + PT_REGS_CS_OFF));
-    return err == 0 && (cs & 3) == 3;
+    return current_user_regs(&s->pc, &s->sp, &s->bp);   /* pyoffcpu.bpf.c */
 }
 
 /* Set up the walk of the current thread's user stack: its registers into
