@@ -30,7 +30,7 @@ DROP_NAMES = ["user stack", "kernel stack", "python read", "python truncated",
               "native stack map full", "native stack incomplete"]
 PYS_TRUNCATED = 1
 NATIVE_ID_BASE = 1 << 20            # rec.ustacks ids of .eh_frame-walked stacks (bcc's are smaller)
-PYF_ENTRY = 0x100
+PYF_ENTRY = walker.PYF_ENTRY        # bpf/pyoffcpu.h
 
 
 @dataclass
@@ -102,12 +102,15 @@ def _read_text(path: str) -> Optional[str]:
         return None
 
 
+def _proc_state(stat_path: str) -> str:
+    """The state letter of a /proc/.../stat file ("" when it is gone); the
+    command name before it may hold spaces and parentheses."""
+    fields = (_read_text(stat_path) or "").rsplit(")", 1)[-1].split()
+    return fields[0] if fields else ""
+
+
 def process_alive(pid: int) -> bool:
-    stat = _read_text(f"/proc/{pid}/stat")
-    if stat is None:
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X")
+    return _proc_state(f"/proc/{pid}/stat") not in ("", "Z", "X")
 
 
 class Session:
@@ -564,9 +567,7 @@ class Session:
 
 def _state_kind(pid: int, tid: int) -> int:
     """The kind of off-CPU time (KINDS) of a thread's state in /proc."""
-    stat = _read_text(f"/proc/{pid}/task/{tid}/stat") or ""
-    state = stat.rsplit(")", 1)[-1].split()[:1]
-    return {"S": 1, "R": 2, "D": 3, "I": 1}.get(state[0] if state else "", 4)
+    return {"S": 1, "R": 2, "D": 3, "I": 1}.get(_proc_state(f"/proc/{pid}/task/{tid}/stat"), 4)
 
 
 def _bpf_source(path: str) -> str:
@@ -595,7 +596,7 @@ def _pystack_type():
     """ctypes mirror of struct pystack (bpf/pyoffcpu.h)."""
     global _PYSTACK_TYPE
     if _PYSTACK_TYPE is None:
-        depth = 128         # MAX_PY_DEPTH
+        depth = walker.MAX_DEPTH    # MAX_PY_DEPTH
 
         class PyFrame(ctypes.Structure):
             _fields_ = [("code", ctypes.c_uint64), ("offset", ctypes.c_int32),
