@@ -1,13 +1,18 @@
 /* pyoffcpu's BPF side, compiled by bcc at load time.
  *
- * on_cpu_sample (perf_event cpu-clock) and sched_switch (tracepoint) both
- * capture one stack_key per event: kernel and user stack ids, and the hash of
- * the Python stack walked here.  Times are aggregated in `agg`; the loader
- * drains it.  New Python stacks go to user space once, through pystack_events,
- * so their code objects are resolved while the target is alive.
+ * on_cpu_sample (perf_event cpu-clock) and sched_switch (raw tracepoint)
+ * both capture one stack_key per event: kernel and user stack ids, and the
+ * hash of the Python stack walked here.  Times are aggregated in `agg`; the
+ * loader drains it, one generation at a time (control.gen).  New Python
+ * stacks go to user space once, through pystack_events, so their code objects
+ * are resolved while the target is alive.  sched_switch also keeps each
+ * target thread's exact on-CPU time (threads), and sched_process_fork
+ * registers the threads a target starts.
  *
  * Set by the loader with -D:
  *   TASK_FSBASE_OFF       offsetof(task_struct, thread.fsbase), from BTF
+ *   TASK_PID_OFF, TASK_TGID_OFF   offsetof(task_struct, pid / tgid), from BTF
+ *   TASK_EXEC_OFF         offsetof(task_struct, se.sum_exec_runtime), from BTF
  *   PTHREAD_SPECIFIC_OFF  offsetof(struct pthread, specific_1stblock), glibc x86_64
  *   SAMPLE_PERIOD_NS      on-CPU sampling period
  *   KERNEL_STACKS         1 to capture kernel stacks
@@ -22,21 +27,21 @@
 #include "pyoffcpu.h"
 
 #define PY_MASK (MAX_PY_DEPTH - 1)
+#define TASK_DEAD_STATE 0x80        /* TASK_DEAD in prev_state: the thread's last switch */
 
+BPF_ARRAY(control, struct control_t, 1);
 BPF_HASH(procs, u32, struct proc_info, 4096);
 BPF_HASH(agg, struct stack_key, struct stack_value, 65536);
 BPF_HASH(offcpu_start, u32, struct offcpu_start, 65536);
 BPF_HASH(pystack_seen, u64, u8, 131072);
-/* Threads of the targets that existed when the recording started (filled by
- * user space, value 0) -> the time of their first switch-in, when they were
- * blocked since before the start, or 1 when their first switch was a
- * switch-out (they were running).  User space accounts the blocked part. */
-BPF_HASH(preexisting, u32, u64, 65536);
-BPF_HASH(thread_names, u32, struct comm_t, 65536);
+BPF_HASH(threads, u32, struct thread_t, 65536);
+/* Per target process: how many times it called exec (its layouts are gone). */
+BPF_HASH(execs, u32, u64, 4096);
 BPF_STACK_TRACE(ustacks, 32768);
 BPF_STACK_TRACE(kstacks, 16384);
 BPF_PERCPU_ARRAY(scratch, struct pystack, 2);   /* 0: on-CPU program, 1: sched_switch */
 BPF_PERCPU_ARRAY(drops, u64, N_DROPS);
+BPF_PERCPU_ARRAY(drops_ns, u64, N_DROPS);
 BPF_PERF_OUTPUT(pystack_events);
 
 static __always_inline void count_drop(int idx)
@@ -44,6 +49,27 @@ static __always_inline void count_drop(int idx)
     u64 *v = drops.lookup(&idx);
     if (v)
         (*v)++;
+}
+
+static __always_inline void count_drop_ns(int idx, u64 ns)
+{
+    count_drop(idx);
+    u64 *v = drops_ns.lookup(&idx);
+    if (v)
+        *v += ns;
+}
+
+/* The session's control block while recording: NULL before the start, from
+ * the end on, and for an event stamped outside the window. */
+static __always_inline struct control_t *recording(u64 now)
+{
+    int zero = 0;
+    struct control_t *ctl = control.lookup(&zero);
+    if (!ctl || !ctl->start_ns || now < ctl->start_ns)
+        return 0;
+    if (ctl->end_ns && now >= ctl->end_ns)
+        return 0;
+    return ctl;
 }
 
 static __always_inline u64 read_u64(u64 addr, int *failed)
@@ -187,6 +213,7 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     st->depth = 0;
     st->flags = 0;
     st->tgid = tgid;
+    st->epoch = pi->epoch;
     if (pi->walker == WALK_NONE)
         return 0;
     u64 tstate = current_tstate(pi);
@@ -206,7 +233,7 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     st->depth = n;
     if (n == 0)
         return 0;
-    u64 h = 0xcbf29ce484222325ULL ^ tgid;
+    u64 h = mix(0xcbf29ce484222325ULL ^ tgid, pi->epoch);
     for (int j = 0; j < MAX_PY_DEPTH; j++) {
         if (j >= n)
             break;
@@ -220,28 +247,6 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     st->hash = h;
     return h;
 }
-
-/* Switch memo.  A thread that blocks again exactly where it blocked last time
- * (same user PC and stack pointer, same innermost Python frame and
- * instruction) has the same stacks: ping-pong threads switch tens of
- * thousands of times a second from one place, and a full capture (Python
- * walk + native unwind) costs ~9 us each.  The memo keeps the last key per
- * thread; only with NATIVE_UNWIND, whose pt_regs offsets the signature needs.
- * Kernel stacks are still taken fresh. */
-struct switch_sig {
-    u64 pc, sp, frame, instr;
-};
-struct switch_memo_t {
-    struct switch_sig sig;
-    struct stack_key key;
-};
-BPF_HASH(switch_memo, u32, struct switch_memo_t, 65536);
-/* The signature of the switch being captured, for unwind_tp to memorise. */
-struct switch_pending_t {
-    struct switch_sig sig;
-    u32 ok;
-};
-BPF_PERCPU_ARRAY(switch_pending, struct switch_pending_t, 1);
 
 /* The current thread's user registers, as saved at kernel entry (right for
  * a sample taken in kernel mode and at sched_switch alike); 0 when it has
@@ -262,37 +267,6 @@ static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp)
 #else
     return 0;
 #endif
-}
-
-static __always_inline int switch_signature(u32 tgid, struct switch_sig *sig)
-{
-#if NATIVE_UNWIND
-    u64 bp;
-    if (!current_user_regs(&sig->pc, &sig->sp, &bp))
-        return 0;
-    struct proc_info *pi = procs.lookup(&tgid);
-    if (pi && pi->walker != WALK_NONE) {
-        u64 tstate = current_tstate(pi);
-        if (tstate) {
-            int failed = 0;
-            u64 f = first_frame(pi, tstate, &failed);
-            if (failed)
-                return 0;
-            sig->frame = f;
-            u64 off = pi->walker == WALK_FRAMEOBJ ? pi->frame_lasti : pi->iframe_instr;
-            if (f && bpf_probe_read_user(&sig->instr, 8, (void *)(f + off)) != 0)
-                return 0;
-        }
-    }
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-static __always_inline int same_sig(struct switch_sig *a, struct switch_sig *b)
-{
-    return a->pc == b->pc && a->sp == b->sp && a->frame == b->frame && a->instr == b->instr;
 }
 
 /* Inlined by the loader (session._bpf_source): bcc rewrites map calls such
@@ -339,38 +313,69 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
     pystack_events.perf_submit(ctx, st, sizeof(*st));
 }
 
-static __always_inline int is_target(u32 tgid)
+static __always_inline int is_target(struct control_t *ctl, u32 tgid)
 {
 #if SYSTEM_WIDE
     return 1;
 #else
-    return procs.lookup(&tgid) != 0;
+    u32 n = ctl->ntargets;
+    if (n > MAX_INLINE_TARGETS)
+        return procs.lookup(&tgid) != 0;
+    /* the common case: a few targets, compared inline (no hash lookup for the
+     * switches of every other thread on the machine) */
+#pragma unroll
+    for (int i = 0; i < MAX_INLINE_TARGETS; i++) {
+        if (i < n && ctl->targets[i] == tgid)
+            return 1;
+    }
+    return 0;
 #endif
 }
 
 static __always_inline void add_time(struct stack_key *key, u64 ns)
 {
-    struct stack_value zero = {};
-    struct stack_value *v = agg.lookup_or_try_init(key, &zero);
+    int zero = 0;
+    struct control_t *ctl = control.lookup(&zero);
+    if (!ctl)
+        return;
+    key->gen = ctl->gen;
+    struct stack_value init = {};
+    struct stack_value *v = agg.lookup_or_try_init(key, &init);
     if (!v) {
-        count_drop(DROP_AGG_FULL);
+        count_drop_ns(DROP_AGG_FULL, ns);
         return;
     }
     __sync_fetch_and_add(&v->count, 1);
     __sync_fetch_and_add(&v->ns, ns);
 }
 
+/* The thread's entry, made when a target thread is met without one (it was
+ * missed at the start, or the threads map was full then). */
+static __always_inline struct thread_t *thread_entry(u32 tid, u32 tgid)
+{
+    struct thread_t *th = threads.lookup(&tid);
+    if (th)
+        return th;
+    struct thread_t fresh = {};
+    fresh.tgid = tgid;
+    bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
+    if (threads.insert(&tid, &fresh) != 0) {
+        count_drop(DROP_THREADS_FULL);
+        return 0;
+    }
+    return threads.lookup(&tid);
+}
+
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
-    if (tid == 0 || !is_target(tgid))
+    if (tid == 0)
         return 0;
-    if (!thread_names.lookup(&tid)) {
-        struct comm_t name = {};
-        bpf_get_current_comm(&name.c, sizeof(name.c));
-        thread_names.insert(&tid, &name);
-    }
+    struct control_t *ctl = recording(bpf_ktime_get_ns());
+    if (!ctl || !is_target(ctl, tgid))
+        return 0;
+    thread_entry(tid, tgid);        /* its name, in --mode cpu */
     /* The key lives in the per-CPU unwind state: the finishing program
      * (unwind_perf, bpf/unwind.h) walks the native stack and adds the
      * sample.  Nothing but the tail call follows the Python walk: every
@@ -389,92 +394,213 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     return 0;
 }
 
-static __always_inline u32 off_cpu_kind(long state)
+static __always_inline u32 off_cpu_kind(u64 preempt, u64 state)
 {
-    /* sched_switch reports a preempted task as TASK_REPORT_MAX (0x100) */
-    if (state & 0x100)
+    if (preempt || state == 0)      /* preempted, or yielded: still runnable */
         return KIND_RUNQUEUE;
-    switch (state & 0xff) {
-    case 0: return KIND_RUNQUEUE;
-    case 1: return KIND_SLEEP;
-    case 2: return KIND_UNINTERRUPTIBLE;
-    case 0x80: return KIND_SLEEP;   /* TASK_IDLE */
-    default: return KIND_OTHER;
-    }
+    if (state & 1)                  /* TASK_INTERRUPTIBLE */
+        return KIND_SLEEP;
+    if (state & 2)                  /* TASK_UNINTERRUPTIBLE; TASK_IDLE adds TASK_NOLOAD */
+        return (state & 0x400) ? KIND_SLEEP : KIND_UNINTERRUPTIBLE;
+    return KIND_OTHER;
 }
 
-TRACEPOINT_PROBE(sched, sched_switch)
+/* next goes on a CPU: close the interval it spent off it. */
+static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u64 exec)
+{
+    struct thread_t *th = threads.lookup(&tid);
+    if (!th) {
+        count_drop(DROP_NO_THREAD);
+        return;
+    }
+    if (th->flags & TH_ON) {
+        /* On a CPU since its last switch-in, yet switched in again: its
+         * switch-out was not seen.  Its runtime tells how much of the span it
+         * ran; the rest was off-CPU, with no stack. */
+        u64 span = now - th->ts;
+        u64 on = exec > th->exec_ns ? exec - th->exec_ns : 0;
+        if (on > span)
+            on = span;
+        th->on_ns += on;
+        th->unseen_ns += span - on;
+        count_drop_ns(DROP_OUT_UNSEEN, span - on);
+    }
+    th->exec_ns = exec;
+    if (!th->first_ts) {
+        th->first_ts = now;
+        th->flags |= TH_FIRST_IN;
+    }
+    struct offcpu_start *st = offcpu_start.lookup(&tid);
+    if (st) {
+        struct stack_key key = st->key;
+        u64 from = st->ts > ctl->start_ns ? st->ts : ctl->start_ns;
+        u64 ns = now - from;
+        offcpu_start.delete(&tid);
+        add_time(&key, ns);
+        th->off_ns += ns;
+    } else if (th->flags & TH_OFF) {
+        count_drop_ns(DROP_START_FULL, now - th->ts);   /* its stack was lost */
+    }
+    th->flags = (th->flags & ~TH_OFF) | TH_ON;
+    th->ts = now;
+}
+
+/* Raw tracepoint: args are (bool preempt, struct task_struct *prev,
+ * struct task_struct *next, unsigned int prev_state).  prev is current. */
+RAW_TRACEPOINT_PROBE(sched_switch)
 {
     u64 now = bpf_ktime_get_ns();
-    u32 next = args->next_pid;
+    struct control_t *ctl = recording(now);
+    if (!ctl)
+        return 0;
 
-    /* Switch-in: close the interval the thread has been off the CPU. */
-    if (next != 0) {
-        struct offcpu_start *st = offcpu_start.lookup(&next);
-        if (st) {
-            struct stack_key key = st->key;
-            u64 ns = now - st->ts;
-            offcpu_start.delete(&next);
-            add_time(&key, ns);
-        } else {
-            u64 *first = preexisting.lookup(&next);
-            if (first && *first == 0)
-                *first = now;
-        }
+    /* Switch-in: next's tgid from its task_struct (offsets from BTF). */
+    u64 next = ctx->args[2];
+    u32 next_tgid = 0;
+    bpf_probe_read_kernel(&next_tgid, sizeof(next_tgid), (void *)(next + TASK_TGID_OFF));
+    if (next_tgid && is_target(ctl, next_tgid)) {
+        u32 next_tid = 0;
+        u64 next_exec = 0;
+        bpf_probe_read_kernel(&next_tid, sizeof(next_tid), (void *)(next + TASK_PID_OFF));
+        bpf_probe_read_kernel(&next_exec, sizeof(next_exec), (void *)(next + TASK_EXEC_OFF));
+        if (next_tid)
+            switch_in(ctl, next_tid, now, next_exec);
     }
 
     /* Switch-out: prev is still current, so its stacks are ours to take. */
-    u32 prev = args->prev_pid;
     u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    if (prev == 0 || (u32)id != prev || !is_target(tgid))
+    u32 tgid = id >> 32, prev = (u32)id;
+    if (prev == 0 || !is_target(ctl, tgid))
         return 0;
-    u64 *first = preexisting.lookup(&prev);
-    if (first && *first == 0)
-        *first = 1;
-    if (args->prev_state & 0x30)    /* X or Z: the thread is exiting, it will not come back */
+    u32 prev_tid = 0;
+    bpf_probe_read_kernel(&prev_tid, sizeof(prev_tid), (void *)(ctx->args[1] + TASK_PID_OFF));
+    if (prev_tid != prev) {
+        count_drop(DROP_NO_THREAD);
         return 0;
-    struct comm_t name = {};
-    bpf_probe_read_kernel(&name.c, sizeof(name.c), args->prev_comm);
-    thread_names.update(&prev, &name);
-    int zero = 0;
-    struct switch_pending_t *pending = switch_pending.lookup(&zero);
-    if (!pending)
-        return 0;
-    /* Only voluntary switches: a preempted thread stops anywhere, mid-call
-     * included, and would rarely hit anyway. */
-    u32 kind = off_cpu_kind(args->prev_state);
-    pending->ok = kind != KIND_RUNQUEUE && switch_signature(tgid, &pending->sig);
-    if (pending->ok) {
-        struct switch_memo_t *memo = switch_memo.lookup(&prev);
-        if (memo && same_sig(&memo->sig, &pending->sig)) {
-            struct offcpu_start hit = {};
-            hit.key = memo->key;
-            hit.key.kind = kind;
-#if KERNEL_STACKS
-            hit.key.kstack = kstacks.get_stackid(args, 0);
-#endif
-            hit.ts = now;
-            if (offcpu_start.update(&prev, &hit) != 0)
-                count_drop(DROP_START_FULL);
-            return 0;
-        }
     }
-    /* As in on_cpu_sample: unwind_tp records the interval start. */
+    struct thread_t *th = thread_entry(prev, tgid);
+    if (!th)
+        return 0;
+    if (!th->first_ts) {
+        th->first_ts = now;
+        th->flags |= TH_FIRST_OUT;
+    }
+    /* on the CPU since its switch-in, or since the start when this is its
+     * first switch (it was running then) */
+    /* The kernel's own count of the thread's time on a CPU, up to date here
+     * (put_prev_task ran update_curr before this tracepoint). */
+    u64 exec = 0;
+    bpf_probe_read_kernel(&exec, sizeof(exec), (void *)(ctx->args[1] + TASK_EXEC_OFF));
+    u64 from;
+    if (th->flags & TH_ON) {
+        from = th->ts;
+    } else if (th->flags & TH_OFF) {
+        /* Off since its last switch-out, yet running: its switch-in was not
+         * seen (it happens, rarely, under load).  The runtime it gained since
+         * then is its time on a CPU; the rest of the span was off-CPU and
+         * closes the interval its last switch-out opened. */
+        u64 span = now - th->ts;
+        u64 on = exec > th->exec_ns ? exec - th->exec_ns : 0;
+        if (on > span)
+            on = span;
+        struct offcpu_start *open_st = offcpu_start.lookup(&prev);
+        if (open_st) {
+            struct stack_key okey = open_st->key;
+            offcpu_start.delete(&prev);
+            if (span > on) {
+                add_time(&okey, span - on);
+                th->off_ns += span - on;
+            }
+        }
+        th->on_ns += on;
+        count_drop(DROP_IN_UNSEEN);
+        from = now;
+    } else {
+        from = ctl->start_ns;       /* its first switch: running since the start */
+    }
+    th->on_ns += now - from;
+    th->exec_ns = exec;
+    th->flags = (th->flags & ~TH_ON) | TH_OFF;
+    th->ts = now;
+    bpf_get_current_comm(&th->comm, sizeof(th->comm));
+    u64 state = ctx->args[3];
+    if (state & TASK_DEAD_STATE) {  /* exiting: it will not come back */
+        th->flags = (th->flags & ~TH_OFF) | TH_EXITED;
+        th->last_ts = now;
+        switch_memo.delete(&prev);
+        return 0;
+    }
+    /* As in on_cpu_sample: unwind_tp reuses or walks the native stack and
+     * records the interval start. */
     int slot = 1;
     struct unwind_state *us = unwind_scratch.lookup(&slot);
     if (!us)
         return 0;
     struct stack_key *key = &us->key;
     __builtin_memset(key, 0, sizeof(*key));
-    key->kind = off_cpu_kind(args->prev_state);
+    key->kind = off_cpu_kind(ctx->args[0], state);
     us->ts = now;
-    capture(args, key, tgid, prev, 1);
-    unwind_tp_progs.call(args, 0);
+    capture(ctx, key, tgid, prev, 1);
+    unwind_tp_progs.call(ctx, 1);       /* memo_tp */
     struct offcpu_start st = {};        /* the tail call failed */
     st.key = *key;
     st.ts = now;
     if (offcpu_start.update(&prev, &st) != 0)
         count_drop(DROP_START_FULL);
+    return 0;
+}
+
+/* A target starts a thread: register it, so that its first switch-in is
+ * seen.  Active from registration on, so that no thread started between the
+ * listing of a target's threads and the start is missed.  A child process
+ * (another tgid) is not a target. */
+RAW_TRACEPOINT_PROBE(sched_process_fork)
+{
+    int zero = 0;
+    struct control_t *ctl = control.lookup(&zero);
+    if (!ctl || (ctl->end_ns && bpf_ktime_get_ns() >= ctl->end_ns))
+        return 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!is_target(ctl, tgid))
+        return 0;
+    u64 child = ctx->args[1];
+    u32 ctgid = 0, ctid = 0;
+    bpf_probe_read_kernel(&ctgid, sizeof(ctgid), (void *)(child + TASK_TGID_OFF));
+    bpf_probe_read_kernel(&ctid, sizeof(ctid), (void *)(child + TASK_PID_OFF));
+    if (ctgid != tgid || ctid == 0)
+        return 0;
+    struct thread_t fresh = {};
+    fresh.tgid = tgid;
+    fresh.flags = ctl->start_ns ? TH_BORN : 0;
+    bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
+    /* a reused tid replaces the entry of the thread that had it */
+    if (threads.update(&ctid, &fresh) != 0)
+        count_drop(DROP_THREADS_FULL);
+    switch_memo.delete(&ctid);
+    return 0;
+}
+
+/* A target calls exec: its CPython layouts and unwind tables are the old
+ * image's.  Walk it natively, without tables, until user space has read the
+ * new image (it watches `execs`). */
+RAW_TRACEPOINT_PROBE(sched_process_exec)
+{
+    int zero = 0;
+    struct control_t *ctl = control.lookup(&zero);
+    if (!ctl)
+        return 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!is_target(ctl, tgid))
+        return 0;
+    struct proc_info *pi = procs.lookup(&tgid);
+    if (pi)
+        pi->walker = WALK_NONE;
+    unwind_procs.delete(&tgid);
+    u64 one = 1;
+    u64 *n = execs.lookup(&tgid);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    else
+        execs.update(&tgid, &one);
     return 0;
 }

@@ -1,5 +1,7 @@
-/* Structs shared by the BPF programs (pyoffcpu.bpf.c) and the loader
- * (pytool/pyoffcpu/bpfmaps.py mirrors them with ctypes: keep both in step). */
+/* Structs and constants shared by the BPF programs (pyoffcpu.bpf.c) and the
+ * loader.  User space reads every `#define NAME value` of this file and of
+ * unwind_defs.h through pytool/pyoffcpu/bpfdefs.py (no second copy), and takes
+ * struct layouts from bcc's ctypes of the maps. */
 #ifndef PYOFFCPU_H
 #define PYOFFCPU_H
 
@@ -34,6 +36,9 @@ struct proc_info {
     int frame_back, frame_code, frame_lasti;
     int iframe_code, iframe_previous, iframe_instr, iframe_is_entry, iframe_owner;
     int code_code_adaptive;
+    int epoch;                      /* the image: bumped by user space at each exec, and
+                                       mixed into the stack hashes, so that a stack of the
+                                       new image never matches one of the old */
 };
 
 struct py_frame {
@@ -47,7 +52,7 @@ struct pystack {
     unsigned int tgid;
     unsigned int depth;
     unsigned int flags;
-    unsigned int pad;
+    unsigned int epoch;             /* proc_info.epoch of the walk */
     struct py_frame frames[MAX_PY_DEPTH];   /* innermost first */
 };
 
@@ -65,7 +70,7 @@ struct stack_key {
     int kstack;                     /* stack id in kstacks, < 0: none */
     unsigned long long pystack;     /* hash of the Python stack, 0: none */
     unsigned int kind;
-    unsigned int pad;
+    unsigned int gen;               /* drain generation (control.gen when added) */
     unsigned long long nstack;      /* hash of the native stack in nstacks (bpf/unwind.h),
                                        0: none (ustack holds the frame-pointer stack) */
 };
@@ -75,8 +80,41 @@ struct stack_value {
     unsigned long long ns;          /* wall time */
 };
 
-struct comm_t {
-    char c[16];
+/* One per session, written by user space.  Nothing is recorded before
+ * start_ns is set or from end_ns on, and every interval is clamped to
+ * [start_ns, end_ns): the recording window is exact.  `gen` flips at each
+ * drain: user space takes the keys of the old generation, which BPF no longer
+ * touches, so nothing is added to an entry while it is being read. */
+#define MAX_INLINE_TARGETS 8
+#define TARGETS_IN_MAP 0xffffffff   /* ntargets: more than fit inline, look in procs */
+struct control_t {
+    unsigned long long start_ns;    /* bpf_ktime_get_ns() / CLOCK_MONOTONIC */
+    unsigned long long end_ns;      /* 0: still recording */
+    unsigned int gen;
+    unsigned int ntargets;
+    unsigned int targets[MAX_INLINE_TARGETS];   /* target tgids: no hash lookup for bystanders */
+};
+
+/* Per thread of a target: its exact on-CPU time, from its switch-in and
+ * switch-out timestamps, and where it is in its life.  Created by user space
+ * for the threads there at the start, by sched_process_fork for new ones. */
+#define TH_BORN       1             /* created during the recording */
+#define TH_EXITED     2             /* its last switch-out (TASK_DEAD) was seen */
+#define TH_ON         4             /* on a CPU since ts */
+#define TH_OFF        8             /* off the CPU since ts (switched out in the window) */
+#define TH_FIRST_IN   16            /* its first event in the window was a switch-in */
+#define TH_FIRST_OUT  32            /* ... a switch-out: it was running at the start */
+struct thread_t {
+    unsigned int tgid;
+    unsigned int flags;
+    unsigned long long on_ns;       /* on-CPU time inside the window, closed spans */
+    unsigned long long off_ns;      /* off-CPU time BPF added to agg */
+    unsigned long long ts;          /* its last switch */
+    unsigned long long first_ts;    /* its first switch in the window, 0: none yet */
+    unsigned long long last_ts;     /* TH_EXITED: its last switch-out */
+    unsigned long long exec_ns;     /* its se.sum_exec_runtime at its last switch */
+    unsigned long long unseen_ns;   /* off-CPU time after a switch-out BPF did not see */
+    char comm[16];
 };
 
 struct offcpu_start {
@@ -85,15 +123,23 @@ struct offcpu_start {
 };
 
 /* Indexes of the drops counter array. */
-#define DROP_USTACK        0        /* bpf_get_stackid(user) failed */
-#define DROP_KSTACK        1        /* bpf_get_stackid(kernel) failed */
-#define DROP_PY_READ       2        /* a CPython structure could not be read */
-#define DROP_PY_TRUNCATED  3        /* a Python stack deeper than MAX_PY_DEPTH */
-#define DROP_AGG_FULL      4        /* the aggregation map was full: time lost */
-#define DROP_START_FULL    5        /* offcpu_start full: a blocked interval lost */
-#define DROP_PYSTACK_FULL  6        /* pystack_seen full: stack re-sent each time */
-#define DROP_NSTACK_FULL   7        /* nstacks full: a native stack lost */
-#define DROP_NSTACK_INCOMPLETE 8    /* a native stack stopped at a frame it could not unwind */
-#define N_DROPS            9
+#define DROP_USTACK        0        /* user stack: bpf_get_stackid(user) failed */
+#define DROP_KSTACK        1        /* kernel stack: bpf_get_stackid(kernel) failed */
+#define DROP_PY_READ       2        /* python read: a CPython structure could not be read */
+#define DROP_PY_TRUNCATED  3        /* python truncated: a Python stack deeper than MAX_PY_DEPTH */
+#define DROP_AGG_FULL      4        /* aggregation map full: time lost */
+#define DROP_START_FULL    5        /* off-cpu start map full: a blocked interval's stack lost */
+#define DROP_PYSTACK_FULL  6        /* python stack map full: the stack is re-sent each time */
+#define DROP_NSTACK_FULL   7        /* native stack map full: a native stack lost */
+#define DROP_NSTACK_INCOMPLETE 8    /* native stack incomplete: stopped at a frame it could not unwind */
+#define DROP_THREADS_FULL  9        /* thread map full: a thread's exact times lost */
+#define DROP_MEMO_FULL     10       /* switch memo map full: a thread's captures not reused */
+#define DROP_NO_THREAD     11       /* unknown thread: a target thread switched in with no entry */
+#define DROP_IN_UNSEEN     12       /* switch-in not seen: recovered exactly from the kernel's runtime */
+#define DROP_OUT_UNSEEN    13       /* switch-out not seen: times recovered, the stack of the wait lost */
+#define N_DROPS            14
+/* drops_ns holds the time lost for the drops that lose time: DROP_AGG_FULL
+ * (the weight that could not be added), DROP_START_FULL (the blocked
+ * interval whose start could not be kept, known from thread_t.ts). */
 
 #endif

@@ -67,7 +67,7 @@ BPF_PERCPU_ARRAY(unwind_scratch, struct unwind_state, 2);   /* 0: on-CPU, 1: sch
  * the process's maps again when this grows (a library just loaded). */
 BPF_HASH(unwind_misses, u32, u64, 1024);
 BPF_PROG_ARRAY(unwind_perf_progs, 1);
-BPF_PROG_ARRAY(unwind_tp_progs, 1);
+BPF_PROG_ARRAY(unwind_tp_progs, 2);     /* 0: unwind_tp, 1: memo_tp (the entry) */
 
 /* The mapping holding pc, or 0.  maps[] is sorted by start. */
 static __always_inline struct unwind_map *unwind_find_map(struct proc_unwind *pu, u64 pc)
@@ -132,6 +132,23 @@ static __always_inline struct unwind_row *unwind_find_row(struct unwind_map *m, 
     if (!r || r->pc > rel)
         return 0;
     return r;
+}
+
+/* Note a stack word the walk read, for the switch memo. */
+static __always_inline void memo_word(struct unwind_state *s, u64 addr, u64 val)
+{
+    u32 n = s->memo.nw;
+    if (n >= MEMO_WORDS) {
+        s->memo.ok = 0;
+        return;
+    }
+    s->memo.addr[n & (MEMO_WORDS - 1)] = addr;
+    s->memo.val[n & (MEMO_WORDS - 1)] = val;
+    s->memo.nw = n + 1;
+    if (addr < s->memo.lo)
+        s->memo.lo = addr;
+    if (addr + 8 > s->memo.hi)
+        s->memo.hi = addr + 8;
 }
 
 /* One frame: record pc, then step to the caller.  Returns 0 to go on. */
@@ -210,14 +227,21 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
         }
         bp = two[0];
         ra = two[1];
+        memo_word(s, cfa - 16, bp);
+        memo_word(s, cfa - 8, ra);
     } else {
         if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
             s->st.flags |= NST_INCOMPLETE;
             return 1;
         }
+        memo_word(s, cfa - 8, ra);
         if (rbp_at) {
-            if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_at)) != 0)
+            if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_at)) != 0) {
                 bp = 0;
+                s->memo.ok = 0;     /* a failed read cannot be checked again */
+            } else {
+                memo_word(s, cfa + rbp_at, bp);
+            }
         } else if (lost_bp) {
             bp = 0;
         }
@@ -249,7 +273,8 @@ static __always_inline int unwind_prepare(u32 tgid, int slot)
     s->ready = 0;
     if (!NATIVE_UNWIND)
         return 0;
-    if (!unwind_procs.lookup(&tgid))
+    struct proc_unwind *pu = unwind_procs.lookup(&tgid);
+    if (!pu)
         return 0;
     if (!unwind_regs(s))
         return 0;
@@ -258,6 +283,15 @@ static __always_inline int unwind_prepare(u32 tgid, int slot)
     s->st.depth = 0;
     s->st.flags = 0;
     s->hash = 0xcbf29ce484222325ULL ^ tgid;
+    s->memo.pc = s->pc;
+    s->memo.sp = s->sp;
+    s->memo.bp = s->bp;
+    s->memo.tgid = tgid;
+    s->memo.gen = pu->gen;
+    s->memo.nw = 0;
+    s->memo.ok = 1;
+    s->memo.lo = ~0ULL;
+    s->memo.hi = 0;
     s->ready = 1;
     return 1;
 }
@@ -284,15 +318,19 @@ static __always_inline int unwind_run(struct unwind_state *s)
     return 0;
 }
 
-/* Store the finished stack and put its hash in the key. */
-static __always_inline void unwind_store(struct unwind_state *s)
+/* Store the finished stack and put its hash in the key; 0 when the stack
+ * could not be stored (user space will not be able to read it). */
+static __always_inline int unwind_store(struct unwind_state *s)
 {
+    int stored = 1;
     u64 h = mix(s->hash, s->st.flags);
     if (h == 0)
         h = 1;
     if (!nstacks.lookup(&h)) {
-        if (nstacks.insert(&h, &s->st) != 0)
+        if (nstacks.insert(&h, &s->st) != 0) {
             count_drop(DROP_NSTACK_FULL);
+            stored = 0;
+        }
     }
     s->key.nstack = h;
     if (s->st.flags & NST_INCOMPLETE)
@@ -306,6 +344,7 @@ static __always_inline void unwind_store(struct unwind_state *s)
         else
             unwind_misses.update(&tgid, &one);
     }
+    return stored;
 }
 
 /* The unwinder programs: one per program type (tail calls stay within one). */
@@ -332,36 +371,118 @@ int unwind_perf(struct bpf_perf_event_data *ctx)
     return 0;
 }
 
-int unwind_tp(void *ctx)
+/* Per thread: the inputs and result of its last complete native walk at a
+ * switch-out.  Entries go when the thread exits. */
+BPF_F_TABLE("hash", u32, struct switch_memo_t, switch_memo, 8192, BPF_F_NO_PREALLOC);
+struct memo_buf_t { u8 b[MEMO_SPAN + 8]; };
+BPF_PERCPU_ARRAY(memo_buf, struct memo_buf_t, 1);
+
+/* Does the thread's last walk hold for the walk about to start (s: leaf
+ * registers and the tables' gen set by unwind_prepare)?  Every word it read
+ * is read again, in one read of the span they lie in. */
+static __always_inline struct switch_memo_t *memo_match(struct unwind_state *s, u32 tid)
 {
-    int slot = 1;
-    struct unwind_state *s = unwind_scratch.lookup(&slot);
-    if (!s)
+    struct switch_memo_t *m = switch_memo.lookup(&tid);
+    if (!m)
         return 0;
-    if (s->ready) {
-        if (!unwind_run(s)) {
-            unwind_tp_progs.call(ctx, 0);
-            s->st.flags |= NST_TRUNCATED;
-        }
-        s->ready = 0;
-        unwind_store(s);
+    if (m->tgid != s->memo.tgid || m->gen != s->memo.gen || m->pc != s->memo.pc ||
+        m->sp != s->memo.sp || m->bp != s->memo.bp)
+        return 0;
+    u32 nw = m->nw;
+    if (nw == 0 || nw > MEMO_WORDS || m->hi <= m->lo)
+        return 0;
+    u64 span = m->hi - m->lo;
+    if (span > MEMO_SPAN)
+        return 0;
+    int zero = 0;
+    struct memo_buf_t *buf = memo_buf.lookup(&zero);
+    if (!buf)
+        return 0;
+    if (bpf_probe_read_user(buf->b, span, (void *)m->lo) != 0)
+        return 0;
+    /* Branch-free body (the verifier follows every jump of every iteration):
+     * lo <= addr <= hi - 8 holds for every word by construction, the mask
+     * only keeps the verifier sure of it. */
+    u64 diff = 0;
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < MEMO_WORDS; i++) {
+        u32 n = nw;
+        asm volatile("" : "+r"(n));     /* or clang counts the loop down from nw, a
+                                           bound the verifier cannot follow */
+        if (i >= n)
+            break;
+        u32 j = i & (MEMO_WORDS - 1);
+        asm volatile("" : "+r"(j));     /* keep the index: clang would make m->val[i] a
+                                           pointer the verifier cannot bound */
+        j &= MEMO_WORDS - 1;
+        u64 off = (m->addr[j] - m->lo) & (MEMO_SPAN - 1);
+        diff |= *(u64 *)(buf->b + off) ^ m->val[j];
     }
+    if (diff)
+        return 0;
+    return m;
+}
+
+/* The end of a switch-out: the interval starts, with the key made. */
+static __always_inline void switch_recorded(struct unwind_state *s)
+{
     u32 tid = s->key.tid;
     struct offcpu_start st = {};
     st.key = s->key;
     st.ts = s->ts;
     if (offcpu_start.update(&tid, &st) != 0)
         count_drop(DROP_START_FULL);
-    /* Memorise the capture for the thread's next switch-out (switch_memo in
-     * pyoffcpu.bpf.c), unless its stacks are incomplete. */
-    int zero = 0;
-    struct switch_pending_t *pending = switch_pending.lookup(&zero);
-    if (pending && pending->ok && !(s->st.flags & NST_INCOMPLETE)) {
-        struct switch_memo_t memo = {};
-        memo.sig = pending->sig;
-        memo.key = s->key;
-        switch_memo.update(&tid, &memo);
+}
+
+/* sched_switch's first finishing program: reuse the thread's last native
+ * walk when all its inputs hold, else walk (unwind_tp).  A program of its
+ * own: its check loop and the walk's loops together exceed what the
+ * verifier follows in one program. */
+int memo_tp(void *ctx)
+{
+    int slot = 1;
+    struct unwind_state *s = unwind_scratch.lookup(&slot);
+    if (!s)
+        return 0;
+    if (s->ready) {
+        struct switch_memo_t *m = memo_match(s, s->key.tid);
+        if (!m) {
+            unwind_tp_progs.call(ctx, 0);
+            s->ready = 0;           /* the tail call failed: no native stack */
+        } else {
+            s->key.nstack = m->nstack;
+            s->ready = 0;
+        }
     }
+    switch_recorded(s);
+    return 0;
+}
+
+int unwind_tp(void *ctx)
+{
+    int slot = 1;
+    struct unwind_state *s = unwind_scratch.lookup(&slot);
+    if (!s)
+        return 0;
+    u32 tid = s->key.tid;
+    if (s->ready) {
+        if (!unwind_run(s)) {
+            unwind_tp_progs.call(ctx, 0);
+            s->st.flags |= NST_TRUNCATED;
+        }
+        s->ready = 0;
+        int stored = unwind_store(s);
+        /* Memorise a complete walk whose every read can be checked. */
+        if (stored && s->memo.ok && s->memo.nw > 0 &&
+            !(s->st.flags & (NST_INCOMPLETE | NST_TRUNCATED | NST_UNMAPPED))) {
+            s->memo.nstack = s->key.nstack;
+            if (switch_memo.update(&tid, &s->memo) != 0)
+                count_drop(DROP_MEMO_FULL);
+        } else {
+            switch_memo.delete(&tid);
+        }
+    }
+    switch_recorded(s);
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /* Structs of the native unwinder shared by bpf/unwind.h and the loader
- * (pytool/pyoffcpu/unwind/loader.py mirrors them with ctypes, and
- * unwind/table.py writes the rows: keep all three in step). */
+ * (constants reach user space through pytool/pyoffcpu/bpfdefs.py; the rows
+ * are written by unwind/table.py, whose layout test checks them). */
 #ifndef PYOFFCPU_UNWIND_DEFS_H
 #define PYOFFCPU_UNWIND_DEFS_H
 
@@ -41,7 +41,8 @@ struct unwind_map {
 
 struct proc_unwind {
     unsigned int n;
-    unsigned int pad;
+    unsigned int gen;               /* unique per write of this entry: a switch memo
+                                       made with other tables never matches */
     struct unwind_map maps[MAX_UNWIND_MAPS];   /* sorted by start */
 };
 
@@ -59,6 +60,26 @@ struct native_stack {
     unsigned long long pcs[MAX_NATIVE_DEPTH];  /* innermost first */
 };
 
+/* Switch memo: the inputs of one native walk, complete.  A walk is a
+ * function of the leaf registers (pc, sp, bp), the process's tables (gen)
+ * and the stack words it read; when all of them are equal the walk gives
+ * the same stack, so a thread that blocks again with the same registers and
+ * the same words at the same addresses reuses it, exactly.  The words are
+ * checked with one read of [lo, hi). */
+#define MEMO_WORDS 256              /* power of two: two words a frame */
+#define MEMO_SPAN  16384            /* bytes of stack one check may read; power of two */
+struct switch_memo_t {
+    unsigned long long pc, sp, bp;
+    unsigned long long nstack;      /* the walk's result: its hash in nstacks */
+    unsigned long long lo, hi;      /* the words lie in [lo, hi) */
+    unsigned int tgid;
+    unsigned int gen;               /* proc_unwind.gen of the tables used */
+    unsigned int nw;
+    unsigned int ok;                /* every read of the walk is in addr/val */
+    unsigned long long addr[MEMO_WORDS];
+    unsigned long long val[MEMO_WORDS];
+};
+
 /* In-flight walk, per CPU: what the last unwinder run records. */
 struct unwind_state {
     struct stack_key key;
@@ -68,6 +89,7 @@ struct unwind_state {
     unsigned int calls;
     unsigned int ready;             /* set up by unwind_prepare() */
     struct native_stack st;
+    struct switch_memo_t memo;      /* the words this walk read (sched_switch) */
 };
 
 #endif

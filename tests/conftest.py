@@ -5,6 +5,7 @@ tests must run for real there, and so must everything they depend on.
 """
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,25 +48,68 @@ def bpf():
 
 
 def pyenv_python(minor: str):
-    """The newest pyenv CPython X.Y on this machine, or None."""
-    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    found = sorted(glob.glob(os.path.join(root, "versions", minor + ".*", "bin", "python" + minor)),
-                   key=lambda p: [int(x) for x in p.split("/versions/")[1].split("/")[0].split(".")
-                                  if x.isdigit()])
-    return found[-1] if found else None
+    """The newest pyenv CPython X.Y.Z release (no 3.13t, no rc) on this machine, or None."""
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    best = None
+    for d in glob.glob(os.path.join(root, "versions", minor + ".*")):
+        m = re.fullmatch(re.escape(minor) + r"\.(\d+)", os.path.basename(d))
+        exe = os.path.join(d, "bin", "python" + minor)
+        if m and os.access(exe, os.X_OK) and (best is None or int(m.group(1)) > best[0]):
+            best = (int(m.group(1)), exe)
+    return best[1] if best else None
 
+
+def debian_python(minor: str):
+    """Debian's /usr/bin/pythonX.Y (the real file, not a symlink), or None."""
+    exe = "/usr/bin/python" + minor
+    return exe if os.path.isfile(exe) and not os.path.islink(exe) and os.access(exe, os.X_OK) else None
+
+
+class Interpreter:
+    """One entry of the CPython matrix: a label, the minor version it must be,
+    and where it is found."""
+
+    def __init__(self, label, minor, find):
+        self.label, self.minor, self._find = label, minor, find
+
+    def path(self):
+        return self._find()
+
+    def __repr__(self):
+        return "Interpreter(%r)" % self.label
+
+
+# The supported CPython matrix (DESIGN.md "Testing"), named here and never
+# discovered: a missing interpreter fails CI (PYOFFCPU_REQUIRE_BPF=1) instead of
+# shrinking the matrix. pyenv builds are shared (libpython3.X.so), Debian's is
+# static. 3.14 is covered without an interpreter (test_cpython_314.py).
+CPYTHON_MATRIX = [
+    Interpreter("pyenv-3.7", (3, 7), lambda: pyenv_python("3.7")),
+    Interpreter("pyenv-3.8", (3, 8), lambda: pyenv_python("3.8")),
+    Interpreter("pyenv-3.9", (3, 9), lambda: pyenv_python("3.9")),
+    Interpreter("pyenv-3.10", (3, 10), lambda: pyenv_python("3.10")),
+    Interpreter("pyenv-3.11", (3, 11), lambda: pyenv_python("3.11")),
+    Interpreter("pyenv-3.12", (3, 12), lambda: pyenv_python("3.12")),
+    Interpreter("pyenv-3.13", (3, 13), lambda: pyenv_python("3.13")),
+    Interpreter("debian-3.11", (3, 11), lambda: debian_python("3.11")),
+]
+INTERPRETERS = {i.label: i for i in CPYTHON_MATRIX}
+MATRIX_LABELS = [i.label for i in CPYTHON_MATRIX]
 
 # The interpreters issue 2 names: pyenv's (shared libpython) and Debian's (static).
-PYTHONS = {
-    "pyenv-3.11": lambda: pyenv_python("3.11"),
-    "debian-3.11": lambda: "/usr/bin/python3.11" if os.path.exists("/usr/bin/python3.11") else None,
-}
+PYTHONS = {label: INTERPRETERS[label].path for label in ("pyenv-3.11", "debian-3.11")}
 
 
 def python_or_skip(label):
-    path = PYTHONS[label]()
+    """The path of a matrix interpreter. Missing: a skip, or under
+    PYOFFCPU_REQUIRE_BPF=1 a failure (the matrix never shrinks silently)."""
+    interp = INTERPRETERS[label]
+    path = interp.path()
     if not path:
-        pytest.skip(f"{label} not installed")
+        msg = f"{label} not installed (the CPython matrix in tests/conftest.py needs it)"
+        if REQUIRE_BPF:
+            pytest.fail(msg)
+        pytest.skip(msg)
     return path
 
 

@@ -9,8 +9,11 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "bench"))
 
 import harness  # noqa: E402
-from harness import (Pairs, function_name, function_shares, markdown_table, max_error_pp,  # noqa: E402
-                     median, parse_fdinfo, parse_folded, prog_delta, verdict)
+from harness import (Pairs, checkpoints, counts_by_checkpoint, fmt_clock, folded_summary,  # noqa: E402
+                     function_name, function_shares, latest_before, linear_slope, markdown_table,
+                     max_error_pp, median, parse_drop_defines, parse_drops_line, parse_fdinfo,
+                     parse_folded, parse_stats_lines, proc_stat_cpu_ticks, proc_status_kib, prog_delta,
+                     rss_growth, verdict)
 
 
 def test_median_odd_even_and_empty():
@@ -162,3 +165,144 @@ def test_prog_label():
     assert harness.prog_label("sched_switch") == "sched_switch (raw tracepoint)"
     assert harness.prog_label("on_cpu_sample") == "on_cpu_sample (perf_event)"
     assert harness.prog_label("other") == "other"
+
+
+# -- case 9: long runs ------------------------------------------------------------------------
+STATUS = """Name:\tpyoffcpu
+Umask:\t0022
+State:\tS (sleeping)
+VmHWM:\t  208000 kB
+VmRSS:\t  203456 kB
+Threads:\t3
+"""
+
+
+def test_proc_status_and_stat():
+    assert proc_status_kib(STATUS, "VmRSS") == 203456
+    assert proc_status_kib(STATUS, "VmHWM") == 208000
+    assert proc_status_kib(STATUS, "Threads") == 3
+    assert proc_status_kib(STATUS, "VmSwap") is None
+    # the command name may hold spaces and parentheses; utime, stime are fields 14, 15
+    stat = "4242 (py (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0 123 456 789"
+    assert proc_stat_cpu_ticks(stat) == 325
+
+
+def test_parse_stats_lines_skips_partial_and_junk():
+    text = ('{"t": 1.0, "rss_kib": 200000, "maps": {"agg": 10}, "drops": {}, "stacks": 5, "threads": 2}\n'
+            '\n'
+            'not json\n'
+            '[1, 2]\n'
+            '{"rss_kib": 1}\n'
+            '{"t": 2.0, "rss_kib": 201000, "maps": {"agg": 12}, "drops": {"agg full": 1}}\n'
+            '{"t": 3.0, "rss_k')                                    # half written
+    recs = parse_stats_lines(text)
+    assert [r["t"] for r in recs] == [1.0, 2.0]
+    assert recs[1]["drops"] == {"agg full": 1}
+    assert latest_before(recs, 1.5)["t"] == 1.0
+    assert latest_before(recs, 2.0)["t"] == 2.0
+    assert latest_before(recs, 0.5) is None
+
+
+def test_checkpoints():
+    assert checkpoints(600) == [10, 60, 120, 180, 240, 300, 360, 420, 480, 540, 598]
+    assert checkpoints(120) == [10, 60, 118]
+    assert checkpoints(60) == [10, 58]
+    assert checkpoints(61) == [10, 59]          # 60 would race the stop
+    assert checkpoints(5) == [3]
+    assert checkpoints(1) == []
+    for d in (30, 62.5, 119, 121, 200):
+        pts = checkpoints(d)
+        assert pts == sorted(pts) and pts[-1] <= d - 2
+        assert all(b - a >= 2 for a, b in zip(pts, pts[1:]))
+
+
+def test_rss_growth_after_the_first_minute():
+    flat = [(10, 150.0), (60, 200.0), (120, 230.0), (180, 210.0)]
+    assert rss_growth(flat) == 30.0                 # the largest later value, not the last
+    assert rss_growth([(10, 150.0), (62, 200.0), (118, 380.0)]) == 180.0
+    assert rss_growth([(10, 150.0), (58, 200.0)]) is None        # no minute mark
+    assert rss_growth([(10, 150.0), (60, 200.0)]) is None        # nothing after it
+    assert rss_growth([(10, 150.0), (90, 200.0), (150, 250.0)]) is None   # too far from 60 s
+    assert rss_growth([(60, 300.0), (120, 250.0)]) == -50.0
+
+
+def test_linear_slope():
+    assert linear_slope([(0, 1.0), (1, 3.0), (2, 5.0)]) == pytest.approx(2.0)
+    assert linear_slope([(10, 5.0), (20, 5.0)]) == pytest.approx(0.0)
+    assert linear_slope([(1, 1.0)]) is None
+    assert linear_slope([(1, 1.0), (1, 2.0)]) is None
+
+
+def test_folded_summary():
+    lines = [
+        "process 7 python3;thread 7 main;serve_forever (socketserver.py:1) 100\n",
+        "process 7 python3;thread 8 python3;process_request_thread (socketserver.py:2);[off-cpu] 5\n",
+        "process 7 python3;thread 8 python3;do_GET (w.py:3) 7\n",
+        "\n",
+        "process 7 python3;threads 1200 ended python3;do_GET (w.py:3) 9\n",
+        "process 9 python3;[truncated] 1\n",
+    ]
+    assert folded_summary(lines) == {"lines": 5, "threads": 2, "processes": 2}
+    assert folded_summary([]) == {"lines": 0, "threads": 0, "processes": 0}
+
+
+def test_parse_drops_line():
+    assert parse_drops_line("pyoffcpu: drops: none") == {}
+    assert parse_drops_line("pyoffcpu: drops: agg full 12, user stack 3") == {"agg full": 12, "user stack": 3}
+    assert parse_drops_line("pyoffcpu: recorded 1.0 s") is None
+
+
+def test_parse_drop_defines():
+    header = """#define MAX_PY_DEPTH 64
+#define DROP_USTACK        0        /* bpf_get_stackid(user) failed */
+#define DROP_AGG_FULL      4        /* the aggregation map was full: time lost */
+#define N_DROPS            9
+"""
+    assert parse_drop_defines(header) == {0: "ustack", 4: "agg full"}
+
+
+def test_fmt_clock_and_counts_by_checkpoint():
+    assert fmt_clock(10) == "0:10"
+    assert fmt_clock(598.4) == "9:58"
+    assert fmt_clock(60) == "1:00"
+    rows = counts_by_checkpoint([{"agg": 10, "ustacks": 5}, {"agg": 12, "thread_names": 7}])
+    assert rows == [("agg", [10, 12]), ("ustacks", [5, None]), ("thread_names", [None, 7])]
+    assert counts_by_checkpoint([]) == []
+
+
+def _longrun(hook: bool) -> dict:
+    readings = []
+    for t, rss in ((10.2, 210), (60.1, 348), (88.0, 397)):
+        r = {"t": t, "rss_kib": rss * 1024, "hwm_kib": rss * 1024, "cpu_pct": 5.0, "served_rate": 1900.0,
+             "server_threads": 4, "bench_maps": {"agg": 100, "thread_names": int(t * 300)},
+             "bench_drops": {"nstack incomplete": int(t)}}
+        if hook:
+            r["hook"] = {"t": t - 0.5, "rss_kib": rss * 1024, "maps": {"agg": 90, "thread_names": 5},
+                         "drops": {"native stack incomplete": 3}, "stacks": 1000, "threads": 12}
+        readings.append(r)
+    return {"seconds": 90.0, "rate_target": 2000.0, "client_threads": 8, "readings": readings,
+            "samples": [(r["t"], r["rss_kib"]) for r in readings],
+            "maps_source": "PYOFFCPU_STATS_FILE" if hook else "bench",
+            "capacity": {"agg": 65536, "thread_names": 65536}, "served_rate": 1865.0, "served_total": 248480,
+            "hwm_kib": 1495 * 1024, "teardown_s": 44.5, "final_drops": {"python read": 1},
+            "folded": {"lines": 518014, "threads": 32314, "processes": 1}, "folded_bytes": 303735086,
+            "growth_mib": 49.0, "slope_mib_min": 152.8, "late_slope_mib_min": 105.0, "late_s": 27.9,
+            "pid_max": 32768, "client": {"ok": 1, "errors": 0}}
+
+
+def test_render_longrun_with_and_without_the_stats_file():
+    import run
+    text = "\n".join(run.render_longrun(_longrun(hook=False), None))
+    assert "counted by the bench" in text
+    assert "| thread_names |    65536 | 3060 | 18030 | 26400 |" in text
+    assert "nstack incomplete" in text and "**PASS**" in text
+    assert "518014 lines, 290 MiB, 32314 thread roots" in text
+    assert "would grow 945 MiB after its first minute (MISS projected)" in text
+    assert "TIDs come round every 18 s" in text
+    text = "\n".join(run.render_longrun(_longrun(hook=True), None))
+    assert "(from PYOFFCPU_STATS_FILE)" in text
+    assert "| thread_names |    65536 |    5 |    5 |    5 |" in text
+    assert "native stack incomplete" in text and "nstack incomplete" not in text
+    assert "|        1000 |           12 |     3 |" in text
+    rows = run.targets_summary(run.Results(longrun=_longrun(hook=True)))
+    assert rows[-1][1:] == ["<= 150", "49", "PASS"]

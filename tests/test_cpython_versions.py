@@ -12,10 +12,11 @@ For each interpreter:
 * a 300-deep recursion keeps its innermost frames under a `[truncated]` marker;
 * no garbage: no unreadable code objects, the right version is reported.
 
-Interpreters: the newest pyenv release of each supported minor version under
-$PYENV_ROOT (or ~/.pyenv) and Debian's /usr/bin/python3.X; none is hard-coded.
+Interpreters: the named matrix in conftest.py (CPYTHON_MATRIX: the newest
+pyenv release of 3.7 .. 3.13 under $PYENV_ROOT or ~/.pyenv, and Debian's
+/usr/bin/python3.11). A missing one is a skip here and a failure in CI
+(PYOFFCPU_REQUIRE_BPF=1); the matrix is checked against SUPPORTED.
 """
-import glob
 import os
 import re
 import signal
@@ -23,7 +24,8 @@ import subprocess
 
 import pytest
 
-from conftest import WORKLOADS, Workload, env, pyoffcpu_cmd, wait_for_recording
+from conftest import (CPYTHON_MATRIX, INTERPRETERS, MATRIX_LABELS, WORKLOADS, Workload, env,
+                      pyoffcpu_cmd, python_or_skip, wait_for_recording)
 from pyoffcpu.cpython.detect import SUPPORTED
 from pyoffcpu.profile import TRUNCATED, FrameKind, from_folded
 
@@ -34,30 +36,6 @@ WORKLOAD = os.path.join(WORKLOADS, "known_stacks.py")
 SUBCASE = os.path.join(WORKLOADS, "subinterp_case.py")
 
 
-def _discover():
-    """label -> interpreter path, for every supported CPython installed here."""
-    found = {}
-    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
-    newest = {}
-    for d in glob.glob(os.path.join(root, "versions", "*")):
-        m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", os.path.basename(d))
-        if not m:
-            continue                        # 3.13t, miniconda, virtualenvs...
-        ver = tuple(int(x) for x in m.groups())
-        exe = os.path.join(d, "bin", "python%d.%d" % ver[:2])
-        if ver[:2] in SUPPORTED and os.access(exe, os.X_OK):
-            if ver > newest.get(ver[:2], ((0,), None))[0]:
-                newest[ver[:2]] = (ver, exe)
-    for minor, (_, exe) in newest.items():
-        found["pyenv-%d.%d" % minor] = exe
-    for exe in glob.glob("/usr/bin/python3.*"):
-        m = re.fullmatch(r"python(\d+)\.(\d+)", os.path.basename(exe))
-        if m and (int(m.group(1)), int(m.group(2))) in SUPPORTED and not os.path.islink(exe):
-            found["debian-%s.%s" % m.groups()] = exe
-    return found
-
-
-INTERPRETERS = _discover()
 
 
 def _markers(path):
@@ -131,13 +109,26 @@ class Run:
         self.workload, self.tids, self.prof, self.stderr = workload, tids, prof, stderr
 
 
-@pytest.fixture(scope="module", params=sorted(INTERPRETERS))
+def test_matrix_names_every_supported_minor():
+    """The named matrix covers every minor in SUPPORTED (3.14 has no
+    interpreter here: test_cpython_314.py), pyenv's shared builds for each and
+    Debian's static 3.11; no label twice."""
+    assert len(set(MATRIX_LABELS)) == len(MATRIX_LABELS), MATRIX_LABELS
+    pyenv = {i.minor for i in CPYTHON_MATRIX if i.label.startswith("pyenv-")}
+    assert pyenv == set(SUPPORTED) - {(3, 14)}, (sorted(pyenv), SUPPORTED)
+    assert "debian-3.11" in INTERPRETERS and INTERPRETERS["debian-3.11"].minor == (3, 11)
+    for i in CPYTHON_MATRIX:
+        assert i.label.endswith("-%d.%d" % i.minor), i.label
+
+
+@pytest.fixture(scope="module", params=MATRIX_LABELS)
 def run(request, tmp_path_factory, bpf):
     label = request.param
-    python = INTERPRETERS[label]
+    python = python_or_skip(label)
     version = subprocess.run([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     minor = tuple(int(x) for x in version.split(".")[:2])
+    assert minor == INTERPRETERS[label].minor, (label, python, version)
     out = tmp_path_factory.mktemp("versions") / (label + ".folded")
     w = Workload(python, "known_stacks.py", 60)
     try:

@@ -75,8 +75,12 @@ def fail(msg: str, todo: str = "", code: int = 1):
 @click.option("--kernel", is_flag=True, help="Include kernel frames (suffix _[k]).")
 @click.option("--no-threads", is_flag=True, help="Merge all threads (no `thread` root frames).")
 @click.option("--full-paths", is_flag=True, help="Full source paths instead of sys.path-relative ones.")
+@click.option("--keep-tids", is_flag=True,
+              help="Keep every thread that ended under its own root (default: ended threads "
+                   "that started in the same function fold into one `threads N ended` root).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(pids, duration, frequency, mode, output, fmt, kernel, no_threads, full_paths, command):
+def record(pids, duration, frequency, mode, output, fmt, kernel, no_threads, full_paths, keep_tids,
+           command):
     """Record a wall-clock profile of a process (-p) or of a command (-- CMD)."""
     from .export import check_writable, format_for_path
 
@@ -104,7 +108,7 @@ def record(pids, duration, frequency, mode, output, fmt, kernel, no_threads, ful
 
     from .session import Options
     opts = Options(pids=list(pids), command=list(command), duration=duration,
-                   frequency=frequency, mode=mode, kernel=kernel)
+                   frequency=frequency, mode=mode, kernel=kernel, fold_threads=not keep_tids)
     try:
         _record(opts, output, fmt, not no_threads, full_paths)
     except ProfilerError as e:
@@ -123,7 +127,7 @@ def _status_line(rec, elapsed: float):
 
 def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bool):
     from . import platform as plat
-    from .export import write_profile
+    from .export import write_profile_or_fallback
     from .session import Session
     from .summary import render_summary
 
@@ -157,10 +161,14 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     comm = rec.comms.get(main_pid, "")
     title = (f"pyoffcpu: {prof.meta.target} {comm} — {opts.mode} mode, "
              f"{rec.duration_s:.1f} s, {opts.frequency} Hz")
+    # a failed write still prints the summary; its error (naming the fallback
+    # copy in the temp directory) is the last line
+    write_error = None
     try:
-        write_profile(prof, output, fmt, threads=threads, full_paths=full_paths, title=title)
-    except OSError as e:
-        raise ProfilerError(f"cannot write {output}: {e.strerror or e}", "choose another -o path")
+        write_profile_or_fallback(prof, output, fmt, threads=threads, full_paths=full_paths,
+                                  title=title)
+    except ProfilerError as e:
+        write_error = e
 
     samples, blocked = rec.totals()
     py = f", CPython {prof.meta.python_version}" if prof.meta.python_version else ""
@@ -168,16 +176,23 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
                f"{samples} samples, {blocked / 1e9:.2f} s off-CPU", err=True)
     drops = {k: v for k, v in rec.drops.items() if v}
     if drops:
-        click.echo("pyoffcpu: drops: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())), err=True)
+        def lost(k):
+            ns = rec.drops_ns.get(k, 0)
+            return f" ({ns / 1e6:.1f} ms)" if ns else ""
+        click.echo("pyoffcpu: drops: " + ", ".join(f"{k} {v}{lost(k)}" for k, v in sorted(drops.items())),
+                   err=True)
     else:
         click.echo("pyoffcpu: drops: none", err=True)
     if stats.python_ns:
         click.echo(f"pyoffcpu: native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
                    "of the Python time (native frames above the interpreter only)", err=True)
     click.echo(render_summary(prof), err=True)
-    click.echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)
+    if write_error is None:
+        click.echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)
     if rec.exit_status not in (None, 0):
         click.echo(f"pyoffcpu: the command exited with status {rec.exit_status}", err=True)
+    if write_error is not None:
+        raise write_error
 
 
 if __name__ == "__main__":

@@ -9,18 +9,33 @@ class MemoryError_(OSError):
     pass
 
 
+# pread's offset is a signed 64-bit off_t: an address at or above 2**63 (a
+# kernel address, or a garbage pointer read from a torn structure) cannot even
+# be asked for, and the kernel refuses a negative offset.  User space on x86_64
+# ends far below this.
+ADDRESS_LIMIT = 1 << 63
+
+
+def readable_range(addr: int, size: int) -> bool:
+    """Whether [addr, addr + size) can be asked of /proc/PID/mem at all."""
+    return 0 < addr and 0 <= size and addr + size <= ADDRESS_LIMIT
+
+
 class ProcessMemory:
     def __init__(self, pid: int):
         self.pid = pid
         self._fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
 
     def read(self, addr: int, size: int) -> bytes:
-        if addr <= 0 or size < 0:
-            raise MemoryError_(f"bad read at {addr:#x}")
+        if not readable_range(addr, size):
+            raise MemoryError_(f"bad read of {size} at {addr:#x}")
         try:
             data = os.pread(self._fd, size, addr)
         except OSError as e:
             raise MemoryError_(f"read {size} at {addr:#x}: {e.strerror}") from None
+        except (OverflowError, MemoryError):
+            # a size no buffer can hold (a garbage length): a failed read, too
+            raise MemoryError_(f"read {size} at {addr:#x}: too large") from None
         if len(data) != size:
             raise MemoryError_(f"short read at {addr:#x}")
         return data

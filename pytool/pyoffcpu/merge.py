@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from . import profile as P
-from .session import KINDS, PYF_ENTRY, PYS_TRUNCATED, Recording
-from .unwind.loader import NST_TRUNCATED
+from .bpfdefs import KIND_ONCPU, NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED
+from .session import KINDS, NO_STACK, UNSAMPLED, Recording
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
 OWNER_GENERATOR = 1
@@ -99,7 +99,7 @@ class Merger:
         groups: List[List[P.Frame]] = []
         group: List[P.Frame] = []
         torn = False
-        for code, offset, flags in st.frames:
+        for i, (code, offset, flags) in enumerate(st.frames):
             if minor >= (3, 12) and (flags & 0xff) >= OWNER_SHIM:
                 # The C-stack shim (3.12/3.13 FRAME_OWNED_BY_CSTACK, 3.14
                 # FRAME_OWNED_BY_INTERPRETER and above) is the `previous` of the
@@ -109,7 +109,7 @@ class Merger:
                 groups.append(group)
                 group = []
                 continue
-            info = self.rec.code.get((st.tgid, code))
+            info = st.infos[i] if st.infos is not None else self.rec.code.get((st.tgid, code))
             if info is None:
                 # Not a code object: BPF read the chain while the thread was
                 # changing it (a sample can land anywhere), or it is gone.  The
@@ -151,6 +151,10 @@ class Merger:
 
     # -- one stack ----------------------------------------------------------------
     def frames_for(self, tgid, ustack, kstack, pyhash, ns) -> Tuple[P.Frame, ...]:
+        if ustack == UNSAMPLED:
+            return (P.NOT_SAMPLED,)
+        if ustack == NO_STACK and not pyhash:
+            return (P.NO_STACK,)
         native: List[NativeFrame] = []
         for i, addr in enumerate(self.rec.ustacks.get(ustack, [])):
             nf = self.native_frame(tgid, addr)
@@ -173,6 +177,8 @@ class Merger:
         root_first = leaf_first[::-1]
         if truncated or (walked and nflags & NST_TRUNCATED):
             root_first.insert(0, P.TRUNCATED)
+        if pyhash and pyhash not in self.rec.pystacks:
+            root_first.insert(0, P.PYTHON_LOST)
         if kstack >= 0:
             root_first.extend(reversed(self.kernel_frames(kstack)))
         return tuple(root_first)
@@ -238,10 +244,28 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
     meta.python_version = ", ".join(versions)
     meta.command_line = "; ".join(rec.cmdlines.get(p, "") for p in sorted(rec.cmdlines))
     prof = P.Profile(meta)
+    # A group that folded one thread only is shown as that thread.
+    shown = {tid: (t.first_tid if t.tid < 0 and t.threads == 1 else tid)
+             for tid, t in rec.threads.items()}
     merger = Merger(rec, symbolizer, kernel_symbols)
+    off_ns: Dict[int, int] = {}
     for (tgid, tid, us, ks, ph, kind), (count, ns) in rec.stacks.items():
         frames = merger.frames_for(tgid, us, ks, ph, ns)
+        tid = shown.get(tid, tid)
         prof.add(P.StackKey(tgid, tid, frames, KINDS.get(kind, "other")), ns, count)
         prof.processes.setdefault(tgid, rec.comms.get(tgid, "?"))
-        prof.threads.setdefault(tid, rec.thread_names.get(tid, "?"))
+        if kind != KIND_ONCPU:
+            off_ns[tid] = off_ns.get(tid, 0) + ns
+    for tid, t in rec.threads.items():
+        sid = shown[tid]
+        prof.threads[sid] = t.name
+        prof.thread_info[sid] = P.ThreadInfo(
+            t.pid, sid, t.name, on_cpu_ns=t.on_ns if o.mode != "off" else 0,
+            off_cpu_ns=off_ns.get(sid, 0), samples=t.samples, first_ns=t.first_ns,
+            last_ns=t.last_ns, threads=t.threads, entry=t.entry)
+    for key in prof.weights:
+        prof.threads.setdefault(key.tid, "?")
+    meta.exact_on_cpu = rec.exact_on_cpu
+    meta.duration_ns = rec.duration_ns
+    meta.drops_ns = dict(rec.drops_ns)
     return prof, merger.stats

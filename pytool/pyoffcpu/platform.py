@@ -67,6 +67,9 @@ def ensure_tracefs() -> None:
 @dataclass
 class Platform:
     task_fsbase_offset: int
+    task_pid_offset: int = -1
+    task_tgid_offset: int = -1
+    task_exec_offset: int = -1      # se.sum_exec_runtime
     pthread_specific_offset: int = GLIBC_PTHREAD_SPECIFIC
 
 
@@ -79,9 +82,12 @@ def probe() -> Platform:
         raise ProfilerError(f"no kernel BTF at {BTF_PATH}", "pyoffcpu needs a kernel built with CONFIG_DEBUG_INFO_BTF")
     from .btf import Btf, BtfError
     try:
-        off = Btf.load(BTF_PATH).member_offset("task_struct", "thread.fsbase")
+        btf = Btf.load(BTF_PATH)
+        offs = [btf.member_offset("task_struct", f)
+                for f in ("thread.fsbase", "pid", "tgid", "se.sum_exec_runtime")]
     except (BtfError, OSError) as e:
-        raise ProfilerError(f"cannot read task_struct.thread.fsbase from BTF: {e}",
+        raise ProfilerError(f"cannot read task_struct's fsbase, pid and tgid from BTF: {e}",
                             "x86_64 kernels with BTF only") from None
     ensure_tracefs()
-    return Platform(task_fsbase_offset=off)
+    return Platform(task_fsbase_offset=offs[0], task_pid_offset=offs[1], task_tgid_offset=offs[2],
+                    task_exec_offset=offs[3])

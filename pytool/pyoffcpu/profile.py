@@ -55,6 +55,14 @@ def kernel_frame(name) -> Frame:
 
 
 TRUNCATED = Frame(FrameKind.MARKER, "[truncated]")
+# On-CPU time of a thread that no sample landed in (wall mode: the thread's
+# on-CPU time is exact, the samples only split it over stacks).
+NOT_SAMPLED = Frame(FrameKind.MARKER, "[on-cpu: not sampled]")
+# Time whose stack could not be read (a thread blocked since before the start
+# whose memory could not be read).
+NO_STACK = Frame(FrameKind.MARKER, "[stack unknown]")
+# A Python stack whose frames never reached user space (lost events).
+PYTHON_LOST = Frame(FrameKind.MARKER, "[python frames lost]")
 
 # Why a thread was off the CPU, from sched_switch's prev_state.
 OFF_SLEEP = "sleep"              # S: waiting for an event (sleep, lock, I/O readiness)
@@ -88,7 +96,38 @@ class Metadata:
     duration_s: float = 0.0
     frequency_hz: int = 99
     drops: Dict[str, int] = field(default_factory=dict)
+    drops_ns: Dict[str, int] = field(default_factory=dict)    # time the drops lost
     notices: List[str] = field(default_factory=list)
+    duration_ns: int = 0
+    exact_on_cpu: bool = False        # on-CPU per thread from switch times (wall mode)
+
+
+@dataclass
+class ThreadInfo:
+    """A thread's exact times inside the recording (ns; first/last from the
+    start); with threads > 1 a group of ended threads that started in the
+    same entry function, folded into one root (tid < 0)."""
+    pid: int
+    tid: int
+    name: str
+    on_cpu_ns: int = 0
+    off_cpu_ns: int = 0
+    samples: int = 0                  # raw on-CPU samples behind on_cpu_ns
+    first_ns: int = 0
+    last_ns: int = 0
+    threads: int = 1
+    entry: str = ""
+
+    @property
+    def is_group(self) -> bool:
+        return self.tid < 0
+
+    def root_label(self) -> str:
+        """The thread root of the folded contract."""
+        if self.is_group:
+            where = f" in {self.entry}" if self.entry else ""
+            return f"threads {self.threads} ended {self.name}{where}"
+        return f"thread {self.tid} {self.name}"
 
 
 @dataclass
@@ -99,6 +138,8 @@ class Profile:
     thread_pid: Dict[int, int] = field(default_factory=dict)    # tid -> pid
     weights: Dict[StackKey, int] = field(default_factory=dict)  # ns
     sample_counts: Dict[StackKey, int] = field(default_factory=dict)  # events behind each weight
+    # tid -> exact times (from a recording; absent for a profile read from text)
+    thread_info: Dict[int, ThreadInfo] = field(default_factory=dict)
 
     def add(self, key: StackKey, ns: int, count: int = 1) -> None:
         if ns <= 0:
@@ -117,8 +158,15 @@ class Profile:
             total += ns
         return total
 
+    def thread_root(self, tid: int) -> str:
+        info = self.thread_info.get(tid)
+        if info is not None:
+            return info.root_label()
+        return f"thread {tid} {self.threads.get(tid, '?')}"
+
     def filtered(self, keep_on_cpu: bool, keep_off_cpu: bool) -> "Profile":
-        out = Profile(self.meta, dict(self.processes), dict(self.threads), dict(self.thread_pid))
+        out = Profile(self.meta, dict(self.processes), dict(self.threads), dict(self.thread_pid),
+                      thread_info=dict(self.thread_info))
         for key, ns in self.weights.items():
             if (key.off_cpu is None and keep_on_cpu) or (key.off_cpu is not None and keep_off_cpu):
                 out.add(key, ns, self.sample_counts.get(key, 1))
@@ -134,7 +182,7 @@ class Profile:
             comm = self.processes.get(key.pid, "?")
             out = [(f"process {key.pid} {comm}", FrameKind.MARKER)]
             if threads:
-                out.append((f"thread {key.tid} {self.threads.get(key.tid, '?')}", FrameKind.MARKER))
+                out.append((self.thread_root(key.tid), FrameKind.MARKER))
             for fr in key.frames:
                 out.append((fr.label(full_paths, short), fr.kind))
             if key.off_cpu is not None:
@@ -171,6 +219,7 @@ class PathShortener:
 _PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*):(?P<line>\d+|\?)\)$")
 _PROC = re.compile(r"^process (\d+) ?(.*)$")
 _THREAD = re.compile(r"^thread (\d+) ?(.*)$")
+_GROUP = re.compile(r"^threads (\d+) ended (.*?)(?: in (.*))?$")
 _OFF = re.compile(r"^\[off-cpu(?:: (?P<reason>[^\]]+))?\]$")
 
 
@@ -189,6 +238,7 @@ def parse_frame(label: str) -> Frame:
 def from_folded(text: str) -> Profile:
     """Rebuild a Profile from folded lines (weights in microseconds)."""
     prof = Profile()
+    groups: Dict[Tuple[int, str], int] = {}
     for n, raw in enumerate(text.splitlines(), 1):
         raw = raw.strip()
         if not raw:
@@ -205,9 +255,17 @@ def from_folded(text: str) -> Profile:
             labels = labels[1:]
         if labels:
             m = _THREAD.match(labels[0])
+            g = _GROUP.match(labels[0]) if not m else None
             if m:
                 tid = int(m.group(1))
                 prof.threads[tid] = m.group(2)
+                labels = labels[1:]
+            elif g:
+                gkey = (pid, labels[0])
+                tid = groups.setdefault(gkey, -(len(groups) + 1))
+                prof.threads[tid] = g.group(2)
+                prof.thread_info[tid] = ThreadInfo(pid, tid, g.group(2), threads=int(g.group(1)),
+                                                   entry=g.group(3) or "")
                 labels = labels[1:]
         off = None
         if labels:

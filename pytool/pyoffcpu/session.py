@@ -3,34 +3,44 @@ the kernel maps while the target runs, and decides when the recording ends.
 
 Its product is a `Recording`: raw aggregated stacks (stack ids, Python stack
 hashes), the Python stacks with their code objects already read, the targets'
-address spaces and thread names.  The merger turns it into a Profile.
+address spaces, and per thread its exact times.  The merger turns it into a
+Profile.
+
+The recording window is exact: BPF records nothing before `control.start_ns`
+or from `control.end_ns` on, and every interval is clamped to it.  In wall
+mode every switch of a target thread is seen, so each thread's on-CPU time is
+known exactly from its switch timestamps; the samples only say how that time
+splits over stacks (`_scale_on_cpu`).
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from . import symbols
+from . import bpfdefs, symbols
+from .bpfdefs import BPF_DIR, KIND_ONCPU, PYF_ENTRY, PYS_TRUNCATED  # noqa: F401 (re-exported)
 from .cpython import detect, walker
 from .unwind import loader as unwind_loader
 from .cpython.code import CodeInfo, CodeReader
 from .memory import MemoryError_, ProcessMemory
 from .platform import Platform, ProfilerError
 
-# bpf/ sits at the top of the source tree (the package is installed editable).
-BPF_DIR = os.environ.get("PYOFFCPU_BPF_DIR") or os.path.normpath(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bpf"))
-KINDS = {0: None, 1: "sleep", 2: "runqueue", 3: "uninterruptible", 4: "other"}
-DROP_NAMES = ["user stack", "kernel stack", "python read", "python truncated",
-              "aggregation map full", "off-cpu start map full", "python stack map full",
-              "native stack map full", "native stack incomplete"]
-PYS_TRUNCATED = 1
+KINDS = {bpfdefs.KIND_ONCPU: None, bpfdefs.KIND_SLEEP: "sleep", bpfdefs.KIND_RUNQUEUE: "runqueue",
+         bpfdefs.KIND_UNINTERRUPTIBLE: "uninterruptible", bpfdefs.KIND_OTHER: "other"}
+DROP_NAMES = bpfdefs.drop_names()
+TH = bpfdefs.TH
 NATIVE_ID_BASE = 1 << 20            # rec.ustacks ids of .eh_frame-walked stacks (bcc's are smaller)
-PYF_ENTRY = walker.PYF_ENTRY        # bpf/pyoffcpu.h
+UNSAMPLED = -1000                   # ustack id: on-CPU time no sample landed in
+NO_STACK = -1001                    # ustack id: a thread there at the start, stack unreadable
+GRACE_S = 0.003                     # a BPF program runs for microseconds: after a flip of
+                                    # control.gen (or the end mark) none still uses the old value
+LOST_PYTHON = "python stack lost"   # drop: the Python frames of a stack never reached user space
 
 
 @dataclass
@@ -42,6 +52,7 @@ class Options:
     frequency: int = 99
     mode: str = "wall"              # wall | cpu | off
     kernel: bool = False
+    fold_threads: bool = True       # ended threads fold by entry function
 
 
 @dataclass
@@ -49,6 +60,26 @@ class PyStack:
     tgid: int
     flags: int
     frames: List[Tuple[int, int, int]]      # (code address, offset, flags), innermost first
+    # the code objects, read when the stack arrived (the reader of the image it
+    # was walked in); None: look them up in Recording.code
+    infos: Optional[List[Optional[CodeInfo]]] = None
+
+
+@dataclass
+class ThreadTimes:
+    """One thread's exact times inside the recording (ns; first/last from the
+    start), or, with threads > 1, of a group of ended threads folded together."""
+    pid: int
+    tid: int
+    name: str
+    on_ns: int = 0                  # wall mode: exact; cpu mode: samples x period
+    samples: int = 0                # raw on-CPU samples
+    first_ns: int = 0
+    last_ns: int = 0
+    exited: bool = False
+    threads: int = 1
+    entry: str = ""                 # a group: the function its threads started in
+    first_tid: int = 0              # a group: its first thread
 
 
 @dataclass
@@ -56,7 +87,8 @@ class Recording:
     options: Options
     start_time: float = 0.0                 # unix time
     duration_s: float = 0.0
-    # (tgid, tid, ustack, kstack, pyhash, kind) -> [count, ns]
+    duration_ns: int = 0
+    # (tgid, tid, ustack, kstack, pyhash, kind) -> [count, ns]; tid < 0: a group
     stacks: Dict[Tuple[int, int, int, int, int, int], List[int]] = field(default_factory=dict)
     ustacks: Dict[int, List[int]] = field(default_factory=dict)
     # ids in ustacks >= NATIVE_ID_BASE are .eh_frame-walked stacks: their NST_* flags
@@ -66,17 +98,23 @@ class Recording:
     code: Dict[Tuple[int, int], Optional[CodeInfo]] = field(default_factory=dict)
     pythons: Dict[int, detect.PythonProcess] = field(default_factory=dict)
     spaces: Dict[int, symbols.AddressSpace] = field(default_factory=dict)
-    thread_names: Dict[int, str] = field(default_factory=dict)
+    threads: Dict[int, ThreadTimes] = field(default_factory=dict)   # tid (or group id) ->
     comms: Dict[int, str] = field(default_factory=dict)
     cmdlines: Dict[int, str] = field(default_factory=dict)
     drops: Dict[str, int] = field(default_factory=dict)
+    drops_ns: Dict[str, int] = field(default_factory=dict)           # time the drops lost
     notices: List[str] = field(default_factory=list)
     exit_status: Optional[int] = None       # of a launched command
+    exact_on_cpu: bool = False              # on-CPU per thread from switch timestamps
+
+    @property
+    def thread_names(self) -> Dict[int, str]:
+        return {tid: t.name for tid, t in self.threads.items()}
 
     def totals(self) -> Tuple[int, int]:
         """(on-CPU samples, off-CPU ns) so far."""
-        samples = sum(v[0] for k, v in self.stacks.items() if k[5] == 0)
-        blocked = sum(v[1] for k, v in self.stacks.items() if k[5] != 0)
+        samples = sum(v[0] for k, v in self.stacks.items() if k[5] == KIND_ONCPU)
+        blocked = sum(v[1] for k, v in self.stacks.items() if k[5] != KIND_ONCPU)
         return samples, blocked
 
 
@@ -92,6 +130,7 @@ class Target:
         self.reader: Optional[CodeReader] = None
         self.mem: Optional[ProcessMemory] = None
         self.exited = False
+        self.epoch = 0                  # execs seen (proc_info.epoch)
 
 
 def _read_text(path: str) -> Optional[str]:
@@ -113,6 +152,13 @@ def process_alive(pid: int) -> bool:
     return _proc_state(f"/proc/{pid}/stat") not in ("", "Z", "X")
 
 
+def _rss_kib() -> int:
+    for line in (_read_text("/proc/self/status") or "").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 class Session:
     def __init__(self, options: Options, platform: Platform,
                  status: Optional[Callable[[Recording, float], None]] = None,
@@ -130,18 +176,31 @@ class Session:
         self._unwind_cflags: List[str] = []
         self._native_ids: Dict[object, int] = {}   # native stack hash -> id in rec.ustacks
         self._start_ns = 0
+        self._end_ns = 0
+        self._gen = 0
+        self._control = None
         # tid -> (pid, Python stack hash, kind, native stack id) of the threads
-        # there at the start
+        # there at the start, blocked
         self._initial: Dict[int, Tuple[int, int, int, int]] = {}
+        self._tid_keys: Dict[int, List[tuple]] = {}    # live tid -> its keys in rec.stacks
+        self._groups: Dict[Tuple[int, str], int] = {}  # (pid, entry) -> group id (< 0)
+        self._unresolved: Dict[tuple, List[int]] = {}  # keys whose Python stack is not here yet
+        self._execs: Dict[int, int] = {}
+        self._stats_path = os.environ.get("PYOFFCPU_STATS_FILE")
+        self._t0 = 0.0
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
         from bcc import BPF  # imported late: importing bcc is slow and needs root
         o = self.opts
+        p = self.platform
         cflags = [
             f"-I{BPF_DIR}",
-            f"-DTASK_FSBASE_OFF={self.platform.task_fsbase_offset}",
-            f"-DPTHREAD_SPECIFIC_OFF={self.platform.pthread_specific_offset}",
+            f"-DTASK_FSBASE_OFF={p.task_fsbase_offset}",
+            f"-DTASK_PID_OFF={p.task_pid_offset}",
+            f"-DTASK_TGID_OFF={p.task_tgid_offset}",
+            f"-DTASK_EXEC_OFF={p.task_exec_offset}",
+            f"-DPTHREAD_SPECIFIC_OFF={p.pthread_specific_offset}",
             f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
             f"-DSYSTEM_WIDE={1 if o.system_wide else 0}",
@@ -155,6 +214,7 @@ class Session:
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
                                 "check that the kernel has BPF and `make install` set up headers")
+        self._control = self.bpf["control"]
 
     def _attach(self):
         from bcc import PerfSWConfig, PerfType
@@ -164,11 +224,9 @@ class Session:
                 self.bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
                                            fn_name=b"on_cpu_sample",
                                            sample_period=int(1e9 // o.frequency), cpu=-1)
-            if o.mode in ("wall", "off"):
-                # TRACEPOINT_PROBE attaches itself at load; nothing to do but check it did.
-                pass
-            else:
-                self.bpf.detach_tracepoint(b"sched:sched_switch")
+            # the raw tracepoints attach themselves at load (raw_tracepoint__*)
+            if o.mode == "cpu":
+                self.bpf.detach_raw_tracepoint(tp=b"sched_switch")
         except Exception as e:
             raise ProfilerError(f"cannot attach BPF: {e}", "is this kernel built with perf events?")
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
@@ -186,13 +244,31 @@ class Session:
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             self.rec.notices.append(f"native unwinding off ({msg}): frame-pointer user stacks")
 
+    def _write_control(self, **fields):
+        table = self._control
+        k = table.Key(0)
+        c = table[k]
+        for name, v in fields.items():
+            if name == "targets":
+                pids = list(v)
+                if len(pids) > bpfdefs.MAX_INLINE_TARGETS:
+                    c.ntargets = bpfdefs.TARGETS_IN_MAP
+                else:
+                    c.ntargets = len(pids)
+                    for i, pid in enumerate(pids):
+                        c.targets[i] = pid
+            else:
+                setattr(c, name, v)
+        table[k] = c
+
     # -- targets ------------------------------------------------------------
     def _register(self, tgt: Target):
         table = self.bpf["procs"]
         info = table.Leaf()
         for name, _ in info._fields_:
             setattr(info, name, -1)
-        info.walker = 0
+        info.walker = bpfdefs.WALK_NONE
+        info.epoch = tgt.epoch
         py = tgt.python
         if py is not None and py.tss_key >= 0:
             o = py.offsets
@@ -204,6 +280,7 @@ class Session:
                          "iframe_owner", "code_code_adaptive"):
                 setattr(info, name, o[name])
         table[table.Key(tgt.pid)] = info
+        self._write_control(targets=sorted(self.targets))
 
     def _add_target(self, pid: int, launched: bool = False):
         tgt = Target(pid, launched)
@@ -244,7 +321,29 @@ class Session:
                 self.rec.notices.append(
                     f"process {pid} ({comm}) is not a Python process: profiling native stacks only")
 
-    def _snapshot(self, tgt: Target):
+    def _check_execs(self):
+        """A target that called exec is a new image: BPF walks it natively
+        until it is detected and registered again, under a new epoch."""
+        for k, v in self.bpf["execs"].items():
+            pid, n = k.value, v.value
+            if self._execs.get(pid, 0) == n:
+                continue
+            self._execs[pid] = n
+            tgt = self.targets.get(pid)
+            if tgt is None:
+                continue
+            tgt.epoch = n
+            if tgt.mem is not None:
+                tgt.mem.close()
+            tgt.python = tgt.reader = tgt.mem = None
+            tgt.settled = False
+            tgt.launched = True         # give the new image time to map its interpreter
+            tgt.first_seen = time.monotonic()
+            self._register(tgt)
+            self._snapshot(tgt, reload=True)
+            self._find_python(tgt)
+
+    def _snapshot(self, tgt: Target, reload: bool = False):
         pid = tgt.pid
         rec = self.rec
         try:
@@ -256,62 +355,140 @@ class Session:
             space = rec.spaces[pid] = symbols.AddressSpace(pid)
         space.add_snapshot(maps)
         if self.unwinder is not None:
-            self.unwinder.update(pid, maps)
+            if reload:
+                self.unwinder.reload(pid, maps)
+            else:
+                self.unwinder.update(pid, maps)
         comm = _read_text(f"/proc/{pid}/comm")
         if comm:
             rec.comms[pid] = comm.strip()
         cmd = _read_text(f"/proc/{pid}/cmdline")
         if cmd:
             rec.cmdlines[pid] = cmd.replace("\0", " ").strip()
-        try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                name = _read_text(f"/proc/{pid}/task/{tid}/comm")
-                if name:
-                    rec.thread_names[int(tid)] = name.strip()
-        except OSError:
-            pass
+
+    def _list_threads(self):
+        """Every thread of the targets gets its entry in `threads` before the
+        start (BPF keeps their exact times); sched_process_fork adds the ones
+        started from now on.  Entries BPF made already are kept."""
+        from bcc import libbcc
+        table = self.bpf["threads"]
+        BPF_NOEXIST = 1
+        for tgt in self.targets.values():
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{tgt.pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                leaf = table.Leaf()
+                leaf.tgid = tgt.pid
+                name = (_read_text(f"/proc/{tgt.pid}/task/{tid}/comm") or "").strip().encode()
+                leaf.comm = name[:15]
+                key = table.Key(tid)
+                libbcc.lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf),
+                                           BPF_NOEXIST)
 
     # -- events ---------------------------------------------------------------
     def _on_pystack(self, cpu, data, size):
         raw = ctypes.cast(data, ctypes.POINTER(_pystack_type())).contents
         n = min(raw.depth, len(raw.frames))
         frames = [(raw.frames[i].code, raw.frames[i].offset, raw.frames[i].flags) for i in range(n)]
-        st = PyStack(raw.tgid, raw.flags, frames)
-        self.rec.pystacks[raw.hash] = st
         tgt = self.targets.get(raw.tgid)
-        if tgt is not None and tgt.reader is not None:
-            for code, _, _ in frames:
-                key = (raw.tgid, code)
-                if key not in self.rec.code:
-                    self.rec.code[key] = tgt.reader.code(code)
+        infos = None
+        if tgt is not None and tgt.reader is not None and raw.epoch == tgt.epoch:
+            infos = [tgt.reader.code(code) for code, _, _ in frames]
+        self.rec.pystacks[raw.hash] = PyStack(raw.tgid, raw.flags, frames, infos)
 
     def _on_lost(self, count):
         self.rec.drops["python stack events lost"] = self.rec.drops.get(
             "python stack events lost", 0) + count
 
-    def _drain(self):
-        """Move the aggregated times out of the kernel so the map stays small."""
+    def _take_agg(self, final: bool):
+        """The aggregated times BPF no longer adds to: the old generation (the
+        end mark stops BPF entirely, so at the end everything)."""
         agg = self.bpf["agg"]
-        stacks = self.rec.stacks
+        if final:
+            try:
+                return list(agg.items_lookup_and_delete_batch())
+            except Exception:
+                items = list(agg.items())
+                for k, _ in items:
+                    try:
+                        del agg[k]
+                    except KeyError:
+                        pass
+                return items
+        old = self._gen
+        self._gen ^= 1
+        self._write_control(gen=self._gen)
+        time.sleep(GRACE_S)
         try:
-            items = list(agg.items_lookup_and_delete_batch())
+            items = [(k, v) for k, v in agg.items_lookup_batch() if k.gen == old]
         except Exception:
-            items = []
-            for k, v in list(agg.items()):
-                items.append((k, v))
-                try:
-                    del agg[k]
-                except KeyError:
-                    pass
+            items = [(k, v) for k, v in agg.items() if k.gen == old]
+        if items:
+            keys = (agg.Key * len(items))(*[k for k, _ in items])
+            try:
+                agg.items_delete_batch(keys)
+            except Exception:
+                for k, _ in items:
+                    try:
+                        del agg[k]
+                    except KeyError:
+                        pass
+        return items
+
+    def _drain(self, final: bool = False):
+        """Move the aggregated times out of the kernel so the maps stay small."""
+        flip_ns = time.monotonic_ns()
+        items = self._take_agg(final)
+        # Python stacks BPF sent before those times were added are in the
+        # perf buffer now.
+        self.bpf.perf_buffer_poll(timeout=0)
         for k, v in items:
             key = (k.tgid, k.tid, self._ustack_id(k), k.kstack, k.pystack, k.kind)
-            acc = stacks.get(key)
-            if acc is None:
-                stacks[key] = [v.count, v.ns]
-            else:
-                acc[0] += v.count
-                acc[1] += v.ns
             self._fetch_stack_ids(key[2], k.kstack)
+            if key[4] and key[4] not in self.rec.pystacks:
+                self._hold(key, v.count, v.ns)
+            else:
+                self._add(key, v.count, v.ns)
+        self._retry_unresolved(final)
+        if self.unwinder is not None:
+            self.unwinder.sweep(self._native_ids)
+        self._read_threads(fold_before=None if final else flip_ns)
+
+    def _add(self, key, count: int, ns: int):
+        acc = self.rec.stacks.get(key)
+        if acc is None:
+            self.rec.stacks[key] = [count, ns]
+            if key[1] >= 0:
+                self._tid_keys.setdefault(key[1], []).append(key)
+        else:
+            acc[0] += count
+            acc[1] += ns
+
+    def _hold(self, key, count: int, ns: int):
+        """A Python stack whose frames did not reach user space (a lost perf
+        event): keep its time aside, and let BPF send the stack again."""
+        acc = self._unresolved.setdefault(key, [0, 0])
+        acc[0] += count
+        acc[1] += ns
+        try:
+            del self.bpf["pystack_seen"][self.bpf["pystack_seen"].Key(key[4])]
+        except KeyError:
+            pass
+
+    def _retry_unresolved(self, final: bool):
+        for key in list(self._unresolved):
+            count, ns = self._unresolved[key]
+            if key[4] in self.rec.pystacks:
+                del self._unresolved[key]
+                self._add(key, count, ns)
+            elif final:
+                # never sent again: keep the time, without its Python frames
+                del self._unresolved[key]
+                self.rec.drops[LOST_PYTHON] = self.rec.drops.get(LOST_PYTHON, 0) + count
+                self.rec.drops_ns[LOST_PYTHON] = self.rec.drops_ns.get(LOST_PYTHON, 0) + ns
+                self._add(key, count, ns)
 
     def _ustack_id(self, key) -> int:
         """The id in rec.ustacks of a key's user stack: the frame-pointer stack
@@ -348,37 +525,187 @@ class Session:
         if kstack >= 0 and kstack not in rec.kstacks:
             rec.kstacks[kstack] = _walk(self.bpf["kstacks"], kstack)
 
-    def _flush_blocked(self, now_ns: int):
-        """Threads still off the CPU when the recording stops: count them until now."""
-        table = self.bpf["offcpu_start"]
-        for k, st in list(table.items()):
+    # -- threads --------------------------------------------------------------
+    def _read_threads(self, fold_before: Optional[int]):
+        """Bring the threads' BPF entries into rec.threads.  Ended threads are
+        closed; with fold_before (a drain), those that ended before it —
+        all their times are drained by now — fold into their group and leave
+        the map, which keeps memory bounded by live threads."""
+        table = self.bpf["threads"]
+        done = []
+        for k, th in table.items():
             tid = k.value
-            key = st.key
-            if not os.path.exists(f"/proc/{key.tgid}/task/{tid}"):
-                continue
-            ns = now_ns - st.ts
-            if ns <= 0:
-                continue
-            skey = (key.tgid, key.tid, self._ustack_id(key), key.kstack, key.pystack, key.kind)
-            acc = self.rec.stacks.setdefault(skey, [0, 0])
-            acc[0] += 1
-            acc[1] += ns
-            self._fetch_stack_ids(skey[2], key.kstack)
+            self._thread_times(tid, th)
+            if fold_before is not None and th.flags & TH["EXITED"] and th.last_ts < fold_before:
+                self._close_thread(tid, th)
+                self._settle(tid)
+                done.append(k)
+        for k in done:
+            try:
+                del table[k]
+            except KeyError:
+                pass
 
+    def _thread_times(self, tid: int, th) -> ThreadTimes:
+        t = self.rec.threads.get(tid)
+        name = bytes(th.comm).split(b"\0", 1)[0].decode("utf-8", "replace")
+        if t is None:
+            t = self.rec.threads[tid] = ThreadTimes(th.tgid, tid, name)
+        elif name:
+            t.name = name
+        t.on_ns = th.on_ns
+        t.exited = bool(th.flags & TH["EXITED"])
+        return t
+
+    def _close_thread(self, tid: int, th):
+        """A thread's last facts: its lifetime in the window, the on-CPU span
+        still open at the end, and the time before its first switch when it
+        was there at the start."""
+        t = self.rec.threads[tid]
+        start, end = self._start_ns, self._end_ns
+        flags = th.flags
+        born = flags & TH["BORN"]
+        t.last_ns = (th.last_ts if flags & TH["EXITED"] else end) - start
+        t.first_ns = (th.first_ts - start if th.first_ts else t.last_ns) if born else 0
+        if flags & TH["ON"] and not flags & TH["EXITED"]:
+            t.on_ns = th.on_ns + (end - th.ts)
+        if th.unseen_ns:
+            # off-CPU after a switch-out BPF missed: the time is known, its stack not
+            self._add((t.pid, tid, NO_STACK, -1, 0, bpfdefs.KIND_OTHER), 1, th.unseen_ns)
+        if born or self.opts.mode == "cpu":
+            return
+        if not th.first_ts:
+            # No switch in the whole window: running all along, or blocked
+            # all along.  Only a running thread gets samples; without them
+            # (--mode off) its state at the start tells.
+            initial = self._initial.get(tid)
+            if self._samples_of(tid) or (self.opts.mode == "off" and initial is not None
+                                         and initial[2] == bpfdefs.KIND_RUNQUEUE):
+                t.on_ns = end - start
+                return
+            self._add_initial(tid, t.pid, end - start)
+        elif flags & TH["FIRST_IN"]:
+            self._add_initial(tid, t.pid, th.first_ts - start)
+
+    def _add_initial(self, tid: int, pid: int, ns: int):
+        """Time a thread there at the start spent blocked before its first
+        switch-in, with the stacks read at the start."""
+        if ns <= 0:
+            return
+        pid0, pyhash, kind, ustack = self._initial.get(tid, (pid, 0, bpfdefs.KIND_OTHER, NO_STACK))
+        self._add((pid0, tid, ustack, -1, pyhash, kind), 1, ns)
+
+    def _samples_of(self, tid: int) -> int:
+        return sum(self.rec.stacks[k][0] for k in self._tid_keys.get(tid, ())
+                   if k[5] == KIND_ONCPU)
+
+    def _entry_of(self, tid: int) -> str:
+        """The function a thread started in: the outermost Python frame that
+        is not threading's own machinery, of its heaviest stack; its name
+        without Python frames."""
+        best, best_ns = "", -1
+        for key in self._tid_keys.get(tid, ()):
+            ns = self.rec.stacks[key][1]
+            st = self.rec.pystacks.get(key[4]) if key[4] else None
+            if st is None or ns <= best_ns:
+                continue
+            infos = st.infos or [self.rec.code.get((st.tgid, c)) for c, _, _ in st.frames]
+            for info in reversed(infos):
+                if info is None:
+                    break
+                if not info.filename.endswith("threading.py"):
+                    best, best_ns = f"{info.name} ({os.path.basename(info.filename)})", ns
+                    break
+        return best
+
+    def _fold(self, tid: int):
+        """Fold an ended thread into the group of its process and entry function."""
+        t = self.rec.threads.pop(tid)
+        entry = self._entry_of(tid)
+        gkey = (t.pid, entry or t.name)
+        gid = self._groups.get(gkey)
+        if gid is None:
+            gid = self._groups[gkey] = -(len(self._groups) + 1)
+            self.rec.threads[gid] = ThreadTimes(t.pid, gid, t.name, first_ns=t.first_ns,
+                                                last_ns=t.last_ns, exited=True, threads=0,
+                                                entry=entry)
+        g = self.rec.threads[gid]
+        g.threads += 1
+        g.on_ns += t.on_ns
+        g.first_ns = min(g.first_ns, t.first_ns)
+        g.last_ns = max(g.last_ns, t.last_ns)
+        g.samples += t.samples
+        if g.threads == 1:
+            g.first_tid = tid
+        for key in self._tid_keys.pop(tid, ()):
+            count, ns = self.rec.stacks.pop(key)
+            gk = (key[0], gid) + key[2:]
+            acc = self.rec.stacks.get(gk)
+            if acc is None:
+                self.rec.stacks[gk] = [count, ns]
+            else:
+                acc[0] += count
+                acc[1] += ns
+
+    def _settle(self, tid: int):
+        """A closed thread's final numbers: its raw sample count and its
+        on-CPU time — exact in wall mode, where its sampled stacks are scaled
+        to add up to it (the raw counts stay); samples x period in cpu mode.
+        Then an ended thread folds into its group."""
+        t = self.rec.threads[tid]
+        on_keys = [k for k in self._tid_keys.get(tid, ()) if k[5] == KIND_ONCPU]
+        t.samples = sum(self.rec.stacks[k][0] for k in on_keys)
+        if self.opts.mode == "wall":
+            self._scale_on_cpu(t, on_keys)
+        elif self.opts.mode == "cpu":
+            t.on_ns = t.samples * int(1e9 // self.opts.frequency)
+        else:
+            t.on_ns = 0
+        if t.exited and self.opts.fold_threads:
+            self._fold(tid)
+
+    def _scale_on_cpu(self, t: ThreadTimes, keys: List[tuple]):
+        """The thread's on-CPU stacks scaled to add up to its exact on-CPU
+        time, remainder on the last; time no sample landed in goes to a stack
+        of its own ([on-cpu: not sampled])."""
+        exact = t.on_ns
+        total = sum(self.rec.stacks[k][1] for k in keys)
+        if total <= 0:
+            if exact > 0:
+                self._add((t.pid, t.tid, UNSAMPLED, -1, 0, KIND_ONCPU), 0, exact)
+            return
+        left = exact
+        for i, key in enumerate(keys):
+            acc = self.rec.stacks[key]
+            share = left if i == len(keys) - 1 else acc[1] * exact // total
+            acc[1] = share
+            left -= share
+
+    def _finish_threads(self):
+        """At the end: close and settle every thread still in the map."""
+        self.rec.exact_on_cpu = self.opts.mode == "wall"
+        for k, th in self.bpf["threads"].items():
+            tid = k.value
+            if th.tgid not in self.targets:
+                continue
+            self._thread_times(tid, th)
+            self._close_thread(tid, th)
+            t = self.rec.threads[tid]
+            if t.last_ns <= t.first_ns and not self._tid_keys.get(tid):
+                del self.rec.threads[tid]     # born at the very end: never ran
+                continue
+            self._settle(tid)
+
+    # -- the start ------------------------------------------------------------
     def _capture_preexisting(self):
-        """The targets' threads as they are when recording starts: BPF tells
-        which were blocked and until when; their stacks are read here, since
-        BPF only sees a stack when a thread leaves the CPU."""
-        table = self.bpf["preexisting"]
-        self._start_ns = time.monotonic_ns()
+        """The stacks of the targets' threads that are blocked at the start,
+        read here, since BPF only sees a stack when a thread leaves the CPU."""
         for tgt in self.targets.values():
             pid = tgt.pid
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
             except OSError:
                 continue
-            for tid in tids:
-                table[table.Key(tid)] = table.Leaf(0)
             stacks = {}
             if tgt.python is not None and tgt.reader is not None:
                 stacks = walker.all_thread_stacks(tgt.python)
@@ -387,44 +714,50 @@ class Session:
                 pyhash = 0
                 if frames:
                     pyhash = (hash((pid, tid, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
-                    self.rec.pystacks[pyhash] = PyStack(pid, PYS_TRUNCATED if truncated else 0, frames)
-                    for code, _, _ in frames:
-                        if (pid, code) not in self.rec.code:
-                            self.rec.code[(pid, code)] = tgt.reader.code(code)
+                    infos = [tgt.reader.code(code) for code, _, _ in frames]
+                    self.rec.pystacks[pyhash] = PyStack(pid, PYS_TRUNCATED if truncated else 0,
+                                                        frames, infos)
                 self._initial[tid] = (pid, pyhash, _state_kind(pid, tid),
                                       self._native_now(pid, tid))
 
-    def _account_preexisting(self, end_ns: int):
-        """Time the threads there at the start spent blocked before their first
-        switch-in (all of the recording for a thread that never ran)."""
-        for k, v in self.bpf["preexisting"].items():
-            tid, first = k.value, v.value
-            init = self._initial.get(tid)
-            if init is None or first == 1:
-                continue
-            pid, pyhash, kind, ustack = init
-            if first == 0:
-                if not os.path.exists(f"/proc/{pid}/task/{tid}"):
-                    continue
-                first = end_ns
-            ns = first - self._start_ns
-            if ns <= 0:
-                continue
-            acc = self.rec.stacks.setdefault((pid, tid, ustack, -1, pyhash, kind), [0, 0])
-            acc[0] += 1
-            acc[1] += ns
-
     def _read_drops(self):
-        table = self.bpf["drops"]
-        for i, name in enumerate(DROP_NAMES):
-            total = sum(table[table.Key(i)])
-            if total:
-                self.rec.drops[name] = total
+        for table_name, out in (("drops", self.rec.drops), ("drops_ns", self.rec.drops_ns)):
+            table = self.bpf[table_name]
+            for i, name in DROP_NAMES.items():
+                if i >= bpfdefs.N_DROPS:
+                    continue
+                total = sum(table[table.Key(i)])
+                if total:
+                    out[name] = total
+        if self.unwinder is not None and self.unwinder.procs_full:
+            self.rec.drops["unwind process map full"] = self.unwinder.procs_full
+        # The kernel skips a program that would run inside another BPF program
+        # on the same CPU: each skipped sched_switch is a switch not seen.
+        missed = 0
+        for fn in list(self.bpf.funcs.values()):
+            missed += _fdinfo(fn.fd).get("recursion_misses", 0)
+        if missed:
+            self.rec.drops["BPF runs skipped by the kernel"] = missed
 
-    def _read_thread_names(self):
-        for k, v in self.bpf["thread_names"].items():
-            name = bytes(v.c).split(b"\0", 1)[0].decode("utf-8", "replace")
-            self.rec.thread_names.setdefault(k.value, name)
+    def _write_stats(self, elapsed: float):
+        """PYOFFCPU_STATS_FILE: one JSON line per drain (make bench reads it)."""
+        if not self._stats_path:
+            return
+        maps = {}
+        for name in ("agg", "offcpu_start", "threads", "pystack_seen", "nstacks", "switch_memo",
+                     "procs", "unwind_procs", "execs"):
+            try:
+                maps[name] = sum(1 for _ in self.bpf[name].keys())
+            except Exception:
+                pass
+        line = {"t": round(elapsed, 3), "rss_kib": _rss_kib(), "maps": maps,
+                "drops": dict(self.rec.drops), "stacks": len(self.rec.stacks),
+                "threads": len(self.rec.threads), "unresolved": len(self._unresolved)}
+        try:
+            with open(self._stats_path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError:
+            self._stats_path = None
 
     # -- the run --------------------------------------------------------------
     def _launch(self) -> int:
@@ -490,6 +823,7 @@ class Session:
         self._compile()
         self._attach()
         rec = self.rec
+        tgt = None
         if o.command:
             # Registered before it execs, so its first instructions are profiled;
             # its interpreter is looked for once it is the command.
@@ -497,16 +831,20 @@ class Session:
             tgt = Target(self.child_pid, launched=True)
             self.targets[tgt.pid] = tgt
             self._register(tgt)
-            self._start_child()
-            self._snapshot(tgt)
-            self._find_python(tgt)
         for pid in o.pids:
             self._add_target(pid)
-        # The recording starts once every target is registered with BPF.
-        start_mono = time.monotonic()
+        self._list_threads()
+        # The recording starts once every target and thread is registered.
+        self._start_ns = time.monotonic_ns()
+        self._write_control(start_ns=self._start_ns)
+        start_mono = self._t0 = time.monotonic()
         rec.start_time = time.time()
         if o.mode in ("wall", "off") and o.pids:
             self._capture_preexisting()
+        if tgt is not None:
+            self._start_child()
+            self._snapshot(tgt)
+            self._find_python(tgt)
         if self.started:
             self.started()
         last_drain = last_slow = start_mono
@@ -518,56 +856,90 @@ class Session:
                 self.request_stop("duration")
             if not self._check_child():
                 self.request_stop("target exited")
+            self._check_execs()
             pending = [t for t in self.targets.values() if not t.settled]
-            for tgt in pending:
-                self._find_python(tgt)
+            for t in pending:
+                self._find_python(t)
             if self.unwinder is not None:
                 # native stacks reached code in no known mapping: a library
                 # was just loaded (or the command just started): look again
                 for pid in self.unwinder.missed(0.2):
-                    tgt = self.targets.get(pid)
-                    if tgt is not None and not tgt.exited:
-                        self._snapshot(tgt)
+                    t = self.targets.get(pid)
+                    if t is not None and not t.exited:
+                        self._snapshot(t)
             if now - last_slow >= 0.5:
                 last_slow = now
                 alive = False
-                for tgt in self.targets.values():
-                    if not tgt.exited and process_alive(tgt.pid):
+                for t in self.targets.values():
+                    if not t.exited and process_alive(t.pid):
                         alive = True
-                        self._snapshot(tgt)
+                        self._snapshot(t)
                     else:
-                        tgt.exited = True
+                        t.exited = True
                 if self.targets and not alive:
                     self.request_stop("target exited")
             if now - last_drain >= 1.0:
                 last_drain = now
                 self._drain()
+                self._read_drops()
+                self._write_stats(now - start_mono)
                 if self.status:
-                    self._read_drops()
                     self.status(rec, now - start_mono)
-        end_ns = time.monotonic_ns()
-        rec.duration_s = time.monotonic() - start_mono
+        # The end mark first: from it on BPF adds nothing, so what is read
+        # below is the whole recording, and every open interval ends there.
+        self._end_ns = time.monotonic_ns()
+        self._write_control(end_ns=self._end_ns)
+        time.sleep(GRACE_S)
+        rec.duration_ns = self._end_ns - self._start_ns
+        rec.duration_s = rec.duration_ns / 1e9
         # Names and code objects first: the rest can be read after the target is gone.
         self.bpf.perf_buffer_poll(timeout=0)
-        self._drain()
+        self._drain(final=True)
         if o.mode in ("wall", "off"):
-            self._flush_blocked(end_ns)
-            self._account_preexisting(end_ns)
+            self._flush_blocked()
+        self._finish_threads()
         self._read_drops()
-        self._read_thread_names()
-        for tgt in self.targets.values():
-            if tgt.mem is not None:
-                tgt.mem.close()
+        self._write_stats(time.monotonic() - start_mono)
+        for t in self.targets.values():
+            if t.mem is not None:
+                t.mem.close()
         if self.unwinder is not None:
             rec.notices.extend(self.unwinder.notices)
             self.unwinder.close()
         self.bpf.cleanup()
         return rec
 
+    def _flush_blocked(self):
+        """Threads still off the CPU at the end: blocked until the end mark."""
+        for k, st in list(self.bpf["offcpu_start"].items()):
+            tid = k.value
+            key = st.key
+            ns = self._end_ns - max(st.ts, self._start_ns)
+            if ns <= 0:
+                continue
+            skey = (key.tgid, key.tid, self._ustack_id(key), key.kstack, key.pystack, key.kind)
+            self._fetch_stack_ids(skey[2], key.kstack)
+            self._add(skey, 1, ns)
+
+
+def _fdinfo(fd: int) -> Dict[str, int]:
+    out = {}
+    for line in (_read_text(f"/proc/self/fdinfo/{fd}") or "").splitlines():
+        k, _, v = line.partition(":")
+        v = v.strip()
+        if v.isdigit():
+            out[k.strip()] = int(v)
+    return out
+
 
 def _state_kind(pid: int, tid: int) -> int:
     """The kind of off-CPU time (KINDS) of a thread's state in /proc."""
-    return {"S": 1, "R": 2, "D": 3, "I": 1}.get(_proc_state(f"/proc/{pid}/task/{tid}/stat"), 4)
+    return {"S": bpfdefs.KIND_SLEEP, "R": bpfdefs.KIND_RUNQUEUE, "D": bpfdefs.KIND_UNINTERRUPTIBLE,
+            "I": bpfdefs.KIND_SLEEP}.get(_proc_state(f"/proc/{pid}/task/{tid}/stat"),
+                                         bpfdefs.KIND_OTHER)
+
+
+_INCLUDE = re.compile(r'^#include "([^"]+)" /\* inline \*/$')
 
 
 def _bpf_source(path: str) -> str:
@@ -577,9 +949,9 @@ def _bpf_source(path: str) -> str:
     out = []
     with open(path) as f:
         for line in f:
-            s = line.strip()
-            if s.startswith("#include \"") and s.endswith("/* inline */"):
-                name = s.split('"')[1]
+            m = _INCLUDE.match(line.strip())
+            if m:
+                name = m.group(1)
                 out.append(f'#line 1 "{name}"\n')
                 with open(os.path.join(os.path.dirname(path), name)) as h:
                     out.append(h.read())
@@ -593,11 +965,9 @@ _PYSTACK_TYPE = None
 
 
 def _pystack_type():
-    """ctypes mirror of struct pystack (bpf/pyoffcpu.h)."""
+    """ctypes of struct pystack (bpf/pyoffcpu.h), for the perf events."""
     global _PYSTACK_TYPE
     if _PYSTACK_TYPE is None:
-        depth = walker.MAX_DEPTH    # MAX_PY_DEPTH
-
         class PyFrame(ctypes.Structure):
             _fields_ = [("code", ctypes.c_uint64), ("offset", ctypes.c_int32),
                         ("flags", ctypes.c_uint32)]
@@ -605,7 +975,7 @@ def _pystack_type():
         class PyStackC(ctypes.Structure):
             _fields_ = [("hash", ctypes.c_uint64), ("tgid", ctypes.c_uint32),
                         ("depth", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-                        ("pad", ctypes.c_uint32), ("frames", PyFrame * depth)]
+                        ("epoch", ctypes.c_uint32), ("frames", PyFrame * bpfdefs.MAX_PY_DEPTH)]
         _PYSTACK_TYPE = PyStackC
     return _PYSTACK_TYPE
 

@@ -11,13 +11,20 @@ def fmt_s(ns: int) -> str:
     return f"{ns / 1e9:.2f} s"
 
 
-def thread_table(prof: Profile) -> List[Tuple[int, int, str, int, int]]:
-    """(pid, tid, name, on-CPU ns, off-CPU ns) per thread, busiest first."""
+def thread_table(prof: Profile) -> List[Tuple[int, int, str, int, int, int]]:
+    """(pid, tid, name, on-CPU ns, off-CPU ns, raw samples) per thread (or
+    group of ended threads), busiest first."""
     acc: Dict[int, List[int]] = {}
     for key, ns in prof.weights.items():
-        a = acc.setdefault(key.tid, [key.pid, 0, 0])
+        a = acc.setdefault(key.tid, [key.pid, 0, 0, 0])
         a[1 if key.off_cpu is None else 2] += ns
-    rows = [(pid, tid, prof.threads.get(tid, "?"), on, off) for tid, (pid, on, off) in acc.items()]
+        if key.off_cpu is None:
+            a[3] += prof.sample_counts.get(key, 0)
+    rows = []
+    for tid, (pid, on, off, samples) in acc.items():
+        info = prof.thread_info.get(tid)
+        name = prof.thread_root(tid).split(" ", 2)[-1] if tid >= 0 else prof.thread_root(tid)
+        rows.append((pid, tid, name, on, off, info.samples if info else samples))
     rows.sort(key=lambda r: -(r[3] + r[4]))
     return rows
 
@@ -50,11 +57,19 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     total = prof.total_ns()
     lines = []
     rows = thread_table(prof)
-    lines.append(f"  {'thread':<34} {'on-CPU':>10} {'off-CPU':>10} {'wall':>10}")
-    for pid, tid, name, on, off in rows[:20]:
-        lines.append(f"  {f'{tid} {name}':<34} {fmt_s(on):>10} {fmt_s(off):>10} {fmt_s(on + off):>10}")
+    lines.append(f"  {'thread':<34} {'on-CPU':>10} {'off-CPU':>10} {'wall':>10} {'samples':>8}")
+    for pid, tid, name, on, off, samples in rows[:20]:
+        label = f"{tid} {name}" if tid >= 0 else name
+        lines.append(f"  {label[:34]:<34} {fmt_s(on):>10} {fmt_s(off):>10} {fmt_s(on + off):>10} "
+                     f"{samples:>8}")
     if len(rows) > 20:
         lines.append(f"  ... and {len(rows) - 20} more threads")
+    meta = prof.meta
+    if meta.mode == "wall" and meta.exact_on_cpu:
+        lines.append("  on-CPU time is exact per thread (switch timestamps); the samples split it over stacks")
+    elif meta.mode == "cpu":
+        lines.append(f"  on-CPU time is estimated from samples (1/{meta.frequency_hz} s each); "
+                     "--mode wall measures it exactly")
     if total:
         lines.append(f"  where the time goes (innermost Python frame; all threads, {fmt_s(total)}):")
         for label, ns, on in top_functions(prof, top):

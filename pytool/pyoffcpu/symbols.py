@@ -710,7 +710,7 @@ class Symbolizer:
                             data = f.read(m.end - m.start)
                         self._vdso = ElfSymbols.from_bytes(data, "[vdso]")
                         break
-            except (OSError, ValueError, ELFError, struct.error):
+            except (OSError, OverflowError, ValueError, ELFError, struct.error):
                 self._vdso = None
         return self._vdso
 

@@ -212,3 +212,137 @@ class FirstSampleProbe:
             if fd >= 0:
                 os.close(fd)
         self.fd = self.pidfd = -1
+
+
+BPF_MAP_LOOKUP_ELEM = 1
+# map types whose entries come and go (hash maps, stack traces): counted key by key;
+# arrays always hold max_entries and are left out (the drops array is read instead)
+COUNTED_MAP_TYPES = {1: "hash", 5: "percpu_hash", 7: "stack_trace", 9: "lru_hash", 10: "lru_percpu_hash"}
+PERCPU_ARRAY = 6
+
+
+def map_info(fd: int) -> Optional[Tuple[int, int, int, int, str]]:
+    """(type, key_size, value_size, max_entries, name) of a map fd, None on failure."""
+    info = ctypes.create_string_buffer(88)
+    attr = ctypes.create_string_buffer(16)
+    ctypes.c_uint32.from_buffer(attr, 0).value = fd
+    ctypes.c_uint32.from_buffer(attr, 4).value = 88
+    ctypes.c_uint64.from_buffer(attr, 8).value = ctypes.addressof(info)
+    if _bpf(BPF_OBJ_GET_INFO_BY_FD, attr) != 0:
+        return None
+    u32 = [ctypes.c_uint32.from_buffer(info, off).value for off in (0, 8, 12, 16)]
+    name = info.raw[24:40].split(b"\0", 1)[0].decode(errors="replace")
+    return u32[0], u32[1], u32[2], u32[3], name
+
+
+def count_keys(fd: int, key_size: int, limit: int) -> int:
+    """Distinct keys of a hash or stack-trace map, walked with
+    BPF_MAP_GET_NEXT_KEY. The owner deletes entries meanwhile (a hash map's
+    walk starts over when its current key is gone): the walk stops at the
+    first key it has seen before, and after `limit` steps."""
+    attr = ctypes.create_string_buffer(32)
+    cur = ctypes.create_string_buffer(max(8, key_size))
+    nxt = ctypes.create_string_buffer(max(8, key_size))
+    ctypes.c_uint32.from_buffer(attr, 0).value = fd
+    ctypes.c_uint64.from_buffer(attr, 8).value = 0          # NULL: the first key
+    ctypes.c_uint64.from_buffer(attr, 16).value = ctypes.addressof(nxt)
+    seen = set()
+    for _ in range(limit):
+        if _bpf(BPF_MAP_GET_NEXT_KEY, attr) != 0:
+            e = ctypes.get_errno()
+            if e == errno.ENOENT:
+                break
+            raise OSError(e, os.strerror(e))
+        k = nxt.raw[:key_size]
+        if k in seen:
+            break
+        seen.add(k)
+        ctypes.memmove(cur, nxt, key_size)
+        ctypes.c_uint64.from_buffer(attr, 8).value = ctypes.addressof(cur)
+    return len(seen)
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs (the size of a per-CPU value)."""
+    try:
+        with open("/sys/devices/system/cpu/possible") as f:
+            text = f.read().strip()
+    except OSError:
+        return os.cpu_count() or 1
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+class MapCounter:
+    """Occupancy of another process's BPF maps, read from outside: copies of
+    its bpf-map fds (pidfd_getfd), hash and stack-trace maps counted key by
+    key, and one per-CPU u64 array (`drops`) summed over the CPUs. The copies
+    keep the maps alive: close() as soon as the readings are done."""
+
+    def __init__(self, pid: int, drops_map: str = "drops"):
+        self.pid = pid
+        self.drops_map = drops_map
+        self.maps: Dict[int, Tuple[int, int, int, int, int, str]] = {}   # their fd: (our fd, info...)
+        self.checked = set()
+        self.ncpu = possible_cpus()
+        self.pidfd = os.pidfd_open(pid)
+
+    def _scan(self):
+        for fd in _bpf_fds(self.pid, "bpf-map"):
+            if fd in self.checked:
+                continue
+            self.checked.add(fd)
+            mine = steal_fd(self.pidfd, fd)
+            if mine < 0:
+                continue
+            info = map_info(mine)
+            if info is None or not (info[0] in COUNTED_MAP_TYPES
+                                    or (info[0] == PERCPU_ARRAY and info[4] == self.drops_map)):
+                os.close(mine)
+                continue
+            self.maps[fd] = (mine, *info)
+
+    def read(self) -> Tuple[Dict[str, Tuple[int, int]], Dict[int, int]]:
+        """({map name: (entries, max_entries)}, {drop index: count summed over CPUs})."""
+        if self.pidfd >= 0:
+            self._scan()
+        entries: Dict[str, Tuple[int, int]] = {}
+        drops: Dict[int, int] = {}
+        for mine, typ, ksz, vsz, cap, name in self.maps.values():
+            try:
+                if typ == PERCPU_ARRAY:
+                    drops = self._read_percpu_u64(mine, vsz, cap)
+                else:
+                    n = count_keys(mine, ksz, cap + 1024)
+                    old = entries.get(name, (0, 0))
+                    entries[name] = (old[0] + n, old[1] + cap)
+            except OSError:
+                continue
+        return entries, drops
+
+    def _read_percpu_u64(self, fd: int, value_size: int, n: int) -> Dict[int, int]:
+        stride = (value_size + 7) // 8 * 8
+        val = ctypes.create_string_buffer(stride * self.ncpu)
+        key = ctypes.c_uint32()
+        attr = ctypes.create_string_buffer(32)
+        ctypes.c_uint32.from_buffer(attr, 0).value = fd
+        ctypes.c_uint64.from_buffer(attr, 8).value = ctypes.addressof(key)
+        ctypes.c_uint64.from_buffer(attr, 16).value = ctypes.addressof(val)
+        out = {}
+        for i in range(n):
+            key.value = i
+            if _bpf(BPF_MAP_LOOKUP_ELEM, attr) != 0:
+                continue
+            out[i] = sum(ctypes.c_uint64.from_buffer(val, c * stride).value for c in range(self.ncpu))
+        return out
+
+    def close(self):
+        for v in self.maps.values():
+            os.close(v[0])
+        self.maps.clear()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1

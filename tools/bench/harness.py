@@ -5,6 +5,7 @@ exercises it in well under a second.
 """
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -208,3 +209,160 @@ def prog_label(name: str) -> str:
     if name == "on_cpu_sample":
         return "on_cpu_sample (perf_event)"
     return name
+
+
+# -- long runs (case 9) ----------------------------------------------------------------
+def proc_status_kib(text: str, key: str) -> Optional[int]:
+    """A `Key:   1234 kB` field of /proc/PID/status in KiB (or the bare number, as
+    for Threads), None if absent."""
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k == key:
+            parts = v.split()
+            if parts and parts[0].isdigit():
+                return int(parts[0])
+    return None
+
+
+def proc_stat_cpu_ticks(text: str) -> int:
+    """utime + stime (clock ticks) from /proc/PID/stat; the command name in
+    parentheses may hold spaces and parentheses itself."""
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])        # fields 14 and 15 of the line
+
+
+def parse_stats_lines(text: str) -> List[dict]:
+    """The JSON lines pyoffcpu appends to PYOFFCPU_STATS_FILE, oldest first.
+    A line that is not a JSON object with a numeric `t` (the last one may be
+    half written) is skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and isinstance(d.get("t"), (int, float)):
+            out.append(d)
+    return out
+
+
+def latest_before(records: Sequence[dict], t: float) -> Optional[dict]:
+    """The last record with record["t"] <= t, None if there is none."""
+    best = None
+    for r in records:
+        if r["t"] <= t and (best is None or r["t"] >= best["t"]):
+            best = r
+    return best
+
+
+def checkpoints(duration: float, first: float = 10.0, every: float = 60.0,
+                margin: float = 2.0) -> List[float]:
+    """Seconds into the recording at which a long run takes its full readings:
+    at `first`, every `every` seconds, and once more `margin` seconds before the
+    end (a reading at the very end would race the profiler's own stop). Every
+    checkpoint is at least `margin` before the end."""
+    end = duration - margin
+    pts = [first] if first <= end else []
+    t = every
+    while t <= end:
+        if t > first:
+            pts.append(t)
+        t += every
+    if end > 0 and (not pts or end - pts[-1] >= margin):
+        pts.append(round(end, 3))
+    return pts
+
+
+def rss_growth(samples: Sequence[Tuple[float, float]], after: float = 60.0,
+               tolerance: float = 5.0) -> Optional[float]:
+    """Growth after the first minute: the largest value at t >= `after` minus the
+    value of the first sample at or after `after` (within `tolerance` s of it).
+    None when the run has no such sample or nothing after it."""
+    base = None
+    for t, v in samples:
+        if t >= after - 1e-9:
+            base = (t, v)
+            break
+    if base is None or base[0] > after + tolerance:
+        return None
+    later = [v for t, v in samples if t > base[0]]
+    if not later:
+        return None
+    return max(later) - base[1]
+
+
+def linear_slope(points: Sequence[Tuple[float, float]]) -> Optional[float]:
+    """Least-squares slope dy/dx of (x, y) points; None with fewer than two distinct x."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def folded_summary(lines: Iterable[str]) -> Dict[str, int]:
+    """Lines of a folded file, and how many distinct thread roots (second frame
+    `thread ...`) and process roots (first frame) they hold."""
+    n = 0
+    threads, procs = set(), set()
+    for line in lines:
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        n += 1
+        frames = line.rpartition(" ")[0].split(";", 2)
+        procs.add(frames[0])
+        if len(frames) > 1 and frames[1].startswith("thread "):
+            threads.add((frames[0], frames[1]))
+    return {"lines": n, "threads": len(threads), "processes": len(procs)}
+
+
+def parse_drops_line(line: str) -> Optional[Dict[str, int]]:
+    """pyoffcpu's last words on drops, `pyoffcpu: drops: NAME N, NAME N` or
+    `pyoffcpu: drops: none`, as a dict; None if `line` is not that line."""
+    prefix = "pyoffcpu: drops:"
+    if not line.startswith(prefix):
+        return None
+    rest = line[len(prefix):].strip()
+    if rest == "none" or not rest:
+        return {}
+    out = {}
+    for part in rest.split(", "):
+        name, _, n = part.rpartition(" ")
+        if name and n.isdigit():
+            out[name] = int(n)
+    return out
+
+
+_DROP_DEFINE = re.compile(r"^\s*#define\s+DROP_(\w+)\s+(\d+)\b(?:\s*/\*\s*(.*?)\s*\*/)?", re.M)
+
+
+def parse_drop_defines(header: str) -> Dict[int, str]:
+    """{index: name} of the `#define DROP_NAME index` lines of a BPF header
+    (names lower-case, underscores as spaces: DROP_AGG_FULL -> "agg full")."""
+    return {int(m.group(2)): m.group(1).lower().replace("_", " ") for m in _DROP_DEFINE.finditer(header)}
+
+
+def fmt_clock(seconds: float) -> str:
+    """Seconds as m:ss (a long run's checkpoints)."""
+    s = int(round(seconds))
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def counts_by_checkpoint(readings: Sequence[Dict[str, int]]) -> List[Tuple[str, List[Optional[int]]]]:
+    """Readings (one {name: count} per checkpoint) as rows: each name seen in
+    any reading, in first-seen order, with its count at each checkpoint (None
+    where that reading lacks it)."""
+    names: List[str] = []
+    for r in readings:
+        for k in r:
+            if k not in names:
+                names.append(k)
+    return [(k, [r.get(k) for r in readings]) for k in names]

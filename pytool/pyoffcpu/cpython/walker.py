@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
+from ..bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
+from ..bpfdefs import PYF_ENTRY
 from ..memory import MemoryError_, ProcessMemory
 from .detect import PythonProcess
 
-MAX_DEPTH = 128             # as MAX_PY_DEPTH in BPF
 MAX_THREADS = 4096
-PYF_ENTRY = 0x100
 GLIBC_PTHREAD_TID = 0x2d0   # offsetof(struct pthread, tid), glibc x86_64 (cpython-frames.md §1)
 
 Frames = List[Tuple[int, int, int]]

@@ -3,14 +3,17 @@
 `write_profile` renders and writes atomically: a temporary file in the
 destination directory, fsync, then os.replace, so a reader never sees a
 half-written profile and a failure leaves no stray file behind.
+`write_profile_or_fallback` keeps a recording whose write fails in a file in
+the temp directory.
 """
 from __future__ import annotations
 
 import errno
 import os
 import tempfile
-from typing import Optional
+from typing import Optional, Tuple
 
+from ..platform import ProfilerError
 from ..profile import Profile
 
 FORMATS = {"svg", "speedscope", "folded"}
@@ -21,6 +24,8 @@ _EXTENSIONS = {
     ".folded": "folded",
     ".txt": "folded",
 }
+
+_FORMAT_EXTENSIONS = {"svg": ".svg", "speedscope": ".json", "folded": ".folded"}
 
 FILE_MODE = 0o644
 
@@ -127,13 +132,75 @@ def write_bytes_atomic(path: str, data: bytes, mode: int = FILE_MODE) -> None:
         os.close(dfd)
 
 
-def write_profile(profile: Profile, path: str, fmt: Optional[str] = None, threads: bool = True,
-                  full_paths: bool = False, title: Optional[str] = None) -> None:
-    """Render `profile` as `fmt` (None: from the extension of `path`) and write
-    it to `path` atomically, mode 0644."""
+def _rendered(profile: Profile, path: str, fmt: Optional[str], **kw) -> Tuple[str, bytes]:
+    """(format, bytes) of `profile` as `fmt` (None: from the extension of `path`)."""
     if fmt is None:
         fmt = format_for_path(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown output format {fmt!r}; known formats: {', '.join(sorted(FORMATS))}")
-    text = render(profile, fmt, threads=threads, full_paths=full_paths, title=title)
-    write_bytes_atomic(path, _encode(text))
+    return fmt, _encode(render(profile, fmt, **kw))
+
+
+def write_profile(profile: Profile, path: str, fmt: Optional[str] = None, threads: bool = True,
+                  full_paths: bool = False, title: Optional[str] = None) -> None:
+    """Render `profile` as `fmt` (None: from the extension of `path`) and write
+    it to `path` atomically, mode 0644."""
+    _, data = _rendered(profile, path, fmt, threads=threads, full_paths=full_paths, title=title)
+    write_bytes_atomic(path, data)
+
+
+def _reason(e: OSError) -> str:
+    """The OS's words for an error, without the path our own wrappers add."""
+    return os.strerror(e.errno) if e.errno else str(e)
+
+
+def write_fallback(path: str, fmt: str, data: bytes, directory: str) -> str:
+    """Write `data` to a new file in `directory` named after `path`
+    (`pyoffcpu-fallback-<basename>.<random><ext>`); returns its path.  The
+    file is removed again if the write fails."""
+    base = os.path.basename(os.fspath(path)) or "profile"
+    ext = os.path.splitext(base)[1]
+    if _EXTENSIONS.get(ext.lower()) != fmt:        # e.g. -o out.txt --format svg
+        ext = _FORMAT_EXTENSIONS.get(fmt, "")
+    fd, tmp = tempfile.mkstemp(prefix=f"pyoffcpu-fallback-{base}.", suffix=ext,
+                               dir=directory)
+    try:
+        try:
+            os.fchmod(fd, FILE_MODE)
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return tmp
+
+
+def write_profile_or_fallback(profile: Profile, path: str, fmt: Optional[str] = None,
+                              threads: bool = True, full_paths: bool = False,
+                              title: Optional[str] = None) -> None:
+    """write_profile, but a write that fails (disk full, directory removed
+    during the recording) does not lose the recording: the same bytes go to a
+    fallback file in the temp directory, and a ProfilerError names both."""
+    fmt, data = _rendered(profile, path, fmt, threads=threads, full_paths=full_paths, title=title)
+    try:
+        write_bytes_atomic(path, data)
+        return
+    except OSError as e:
+        failed = f"cannot write {os.fspath(path)}: {_reason(e)}"
+    tmpdir = None
+    try:
+        tmpdir = tempfile.gettempdir()      # raises when no temp directory is usable
+        kept = write_fallback(path, fmt, data, tmpdir)
+    except OSError as e:
+        raise ProfilerError(f"{failed}; the fallback copy in {tmpdir or 'the temp directory'} "
+                            f"failed too: {_reason(e)}",
+                            "the profile is lost: free some space or choose another -o path") from None
+    raise ProfilerError(failed, f"the profile was saved to {kept}")

@@ -17,7 +17,7 @@ SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 EXPORTER = "pyoffcpu"
 
 _PROC = re.compile(r"^process (\d+)(?: |$)")
-_THREAD = re.compile(r"^thread (\d+)(?: |$)")
+_THREAD = re.compile(r"^thread (-?\d+)(?: |$)")
 _PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*):(?P<line>\d+|\?)\)$")
 
 
@@ -46,7 +46,7 @@ def speedscope_document(profile: Profile, threads: bool = True,
         tid = None
         if threads:
             m = _THREAD.match(stack[1][0])
-            tid = int(m.group(1)) if m else pid
+            tid = int(m.group(1)) if m else _group_tid(profile, pid, stack[1][0])
         idx = []
         for fr in stack[n_roots:]:
             i = frame_index.get(fr)
@@ -63,6 +63,8 @@ def speedscope_document(profile: Profile, threads: bool = True,
         comm = profile.processes.get(pid, "?")
         if tid is None:
             pname = f"{comm} (pid {pid})"
+        elif tid < 0:
+            pname = f"{profile.thread_root(tid)} in {comm} (pid {pid})"
         else:
             pname = f"{profile.threads.get(tid, '?')} (tid {tid}) in {comm} (pid {pid})"
         samples = groups[(pid, tid)]
@@ -86,7 +88,34 @@ def speedscope_document(profile: Profile, threads: bool = True,
         "activeProfileIndex": 0,
         "shared": {"frames": frames},
         "profiles": profiles,
+        "pyoffcpu": metadata(profile),
     }
+
+
+def metadata(profile: Profile) -> dict:
+    """What the graph cannot show, for scripts: the recording's exact length,
+    and per thread its exact times and raw sample count (speedscope itself
+    ignores keys it does not know)."""
+    meta = profile.meta
+    threads = []
+    for tid in sorted(profile.thread_info, key=lambda t: (profile.thread_info[t].pid, t)):
+        t = profile.thread_info[tid]
+        threads.append({"pid": t.pid, "tid": t.tid, "name": t.name, "root": t.root_label(),
+                        "on_cpu_ns": t.on_cpu_ns, "off_cpu_ns": t.off_cpu_ns,
+                        "samples": t.samples, "first_ns": t.first_ns, "last_ns": t.last_ns,
+                        "threads": t.threads, "entry": t.entry})
+    return {"duration_ns": meta.duration_ns, "mode": meta.mode, "frequency_hz": meta.frequency_hz,
+            "on_cpu_measure": "switch timestamps" if meta.exact_on_cpu else "samples",
+            "python_version": meta.python_version, "target": meta.target,
+            "drops": dict(meta.drops), "drops_ns": dict(meta.drops_ns), "threads": threads}
+
+
+def _group_tid(profile: Profile, pid: int, root: str) -> int:
+    """The tid (< 0) of a group root (`threads N ended ...`)."""
+    for tid, info in profile.thread_info.items():
+        if info.pid == pid and info.root_label() == root:
+            return tid
+    return pid
 
 
 def _default_name(profile: Profile) -> str:

@@ -19,12 +19,9 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .. import symbols
+from ..bpfdefs import (MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER,  # noqa: F401
+                       NST_INCOMPLETE, NST_TRUNCATED, NST_UNMAPPED)
 from . import table as T
-
-# Keep in step with bpf/unwind_defs.h
-MAX_UNWIND_MAPS = 256
-MAX_NATIVE_DEPTH = 128
-NST_TRUNCATED, NST_INCOMPLETE, NST_FRAMEPOINTER, NST_UNMAPPED = 1, 2, 4, 8
 DEFAULT_ROWS = 1 << 21                  # 16 MiB of rows
 ROW_SIZE = T.ROW.size
 
@@ -90,10 +87,12 @@ class NativeUnwinder:
         self.notices: List[str] = []
         self._full_noticed = False
         self.stacks_read = 0
+        self.procs_full = 0             # processes left without tables: unwind_procs full
         self._mm = None
         self._procs = self._nstacks = None
         self._misses_seen: Dict[int, int] = {}
         self._misses_checked = 0.0
+        self._gen = 0                   # proc_unwind.gen: unique per write
         if bpf is None:
             return
         if tables:
@@ -109,9 +108,12 @@ class NativeUnwinder:
         with frame-pointer user stacks)."""
         from bcc import BPF
         perf = self.bpf.load_func(b"unwind_perf", BPF.PERF_EVENT)
-        tp = self.bpf.load_func(b"unwind_tp", BPF.TRACEPOINT)
+        # tail calls stay within one program type: sched_switch is a raw tracepoint
+        tp = self.bpf.load_func(b"unwind_tp", BPF.RAW_TRACEPOINT)
+        memo = self.bpf.load_func(b"memo_tp", BPF.RAW_TRACEPOINT)
         self.bpf["unwind_perf_progs"][ctypes.c_int(0)] = ctypes.c_int(perf.fd)
         self.bpf["unwind_tp_progs"][ctypes.c_int(0)] = ctypes.c_int(tp.fd)
+        self.bpf["unwind_tp_progs"][ctypes.c_int(1)] = ctypes.c_int(memo.fd)
 
     def close(self) -> None:
         if self._mm is None:
@@ -246,6 +248,8 @@ class NativeUnwinder:
             return True
         leaf = self._procs.Leaf()
         leaf.n = len(entries)
+        self._gen += 1
+        leaf.gen = self._gen
         for i, (start, end, base, t, _) in enumerate(entries):
             me = leaf.maps[i]
             me.start, me.end, me.base = start, end, base & 0xFFFFFFFFFFFFFFFF
@@ -253,6 +257,7 @@ class NativeUnwinder:
         try:
             self._procs[self._procs.Key(pid)] = leaf
         except Exception:               # map full (1024 processes): frame pointers
+            self.procs_full += 1
             return False
         return True
 
@@ -289,6 +294,26 @@ class NativeUnwinder:
             return walk.walk(regions, regs[0], regs[1], None, read)
         finally:
             read.close()
+
+    def reload(self, pid: int, maps: Iterable[symbols.Mapping]) -> bool:
+        """Write pid's mappings again even if they look unchanged (it called
+        exec, and BPF dropped its entry)."""
+        self._proc_keys.pop(pid, None)
+        return self.update(pid, maps)
+
+    def sweep(self, known) -> int:
+        """Delete the stacks of nstacks that user space already holds (BPF
+        adds a stack again each time it walks it after user space took it):
+        the map keeps only stacks not read yet.  Returns how many it deleted."""
+        if self._nstacks is None:
+            return 0
+        stale = [k for k in self._nstacks.keys() if k.value in known]
+        for k in stale:
+            try:
+                del self._nstacks[k]
+            except KeyError:
+                pass
+        return len(stale)
 
     def forget(self, pid: int) -> None:
         self._proc_keys.pop(pid, None)

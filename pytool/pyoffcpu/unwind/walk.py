@@ -10,10 +10,11 @@ import os
 import struct
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from ..memory import readable_range
 from . import table as T
 
-MAX_DEPTH = 128                 # MAX_NATIVE_DEPTH
-NST_TRUNCATED, NST_INCOMPLETE, NST_FRAMEPOINTER = 1, 2, 4
+from ..bpfdefs import MAX_NATIVE_DEPTH as MAX_DEPTH
+from ..bpfdefs import NST_FRAMEPOINTER, NST_INCOMPLETE, NST_TRUNCATED
 
 # (start, end, runtime address of table pc 0, table) per executable mapping
 Region = Tuple[int, int, int, T.UnwindTable]
@@ -91,11 +92,13 @@ def memory_reader(pid: int):
     fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
 
     def read_u64(addr: int) -> Optional[int]:
-        if addr <= 0:
+        # a CFA or saved rbp from a garbage register can be any 64-bit value
+        # (or negative after an offset): not readable, the walk ends there
+        if not readable_range(addr, 8):
             return None
         try:
             data = os.pread(fd, 8, addr)
-        except OSError:
+        except (OSError, OverflowError):
             return None
         return struct.unpack("<Q", data)[0] if len(data) == 8 else None
     read_u64.close = lambda: os.close(fd)

@@ -1,0 +1,332 @@
+"""Where the time goes, exactly: real BPF, real processes, ground truth built
+into the workloads.
+
+* tests/workloads/two_callers.py (issue 8): one blocking helper, called from
+  two lines of one caller, 30% / 70% of the caller's blocked time by
+  construction (3 and 7 equal blocks per cycle, interleaved). Each line's
+  share of the off-CPU time must be within 1 pp of that, on every CPython of
+  the matrix (conftest.CPYTHON_MATRIX). The switch memo used to reuse the
+  last capture whenever the helper blocked with the same user PC, stack
+  pointer and innermost Python frame, and charged one line with everything.
+* tests/workloads/mixed_threads.py: ten threads that compute, sleep, wait
+  on a lock and on a pipe, fight over two CPUs (runqueue) and one GIL. Every
+  thread is alive for the whole recording, so each one's on-CPU + off-CPU
+  time is the recording's length (DESIGN.md: "every thread's on + off = its
+  lifetime"), read from the speedscope file's "pyoffcpu" block and from the
+  weights of its profiles.
+* tests/workloads/lone_spinner.py: a thread that never switches voluntarily
+  is on the CPU for the whole recording and off it only for what the
+  scheduler really took (read back from /proc/PID/task/TID/schedstat).
+"""
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from conftest import (MATRIX_LABELS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip,
+                      record_folded, wait_for_recording)
+from pyoffcpu.profile import FrameKind
+
+DURATION = 4
+FREQUENCY = 99                  # pyoffcpu's default -F
+ACCOUNT_TOL = 0.005             # on + off vs the recording's length
+
+
+def source_line(script, marker):
+    with open(os.path.join(WORKLOADS, script)) as f:
+        for n, line in enumerate(f, 1):
+            if marker in line:
+                return n
+    raise AssertionError(f"{marker!r} not in {script}")
+
+
+LINE_A = source_line("two_callers.py", "# LINE A")
+LINE_B = source_line("two_callers.py", "# LINE B")
+
+
+def caller_line(key):
+    """The line of two_callers.py's caller() this stack is under, or None."""
+    for f in key.frames:
+        if f.kind is FrameKind.PYTHON and f.name == "caller" and f.file.endswith("two_callers.py"):
+            return f.line
+    return None
+
+
+def innermost_python(key):
+    py = [f for f in key.frames if f.kind is FrameKind.PYTHON]
+    return py[-1].name if py else None
+
+
+# -- issue 8: one helper, two lines ---------------------------------------------
+@pytest.mark.parametrize("label", MATRIX_LABELS)
+def test_two_callers_workload_splits_30_70_by_its_own_clock(label):
+    """The ground truth holds without a profiler: the workload's own clock
+    around each call splits the blocked time 30/70."""
+    python = python_or_skip(label)
+    res = subprocess.run([python, os.path.join(WORKLOADS, "two_callers.py"), "1"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"split A=([\d.]+) B=([\d.]+) blocks=(\d+)", res.stdout)
+    assert m, res.stdout
+    a, b, blocks = float(m.group(1)), float(m.group(2)), int(m.group(3))
+    assert blocks >= 500, res.stdout
+    assert abs(a - 30) <= 0.5 and abs(b - 70) <= 0.5, res.stdout
+
+
+@pytest.mark.parametrize("label", MATRIX_LABELS)
+def test_helper_called_from_two_lines_is_charged_to_each_line(label, tmp_path, bpf):
+    python = python_or_skip(label)
+    w = Workload(python, "two_callers.py", 60)
+    try:
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", str(DURATION))
+    finally:
+        w.stop()
+    by_line = {}
+    in_helper = 0
+    for k, ns in prof.weights.items():
+        if k.tid != w.pid or k.off_cpu is None:
+            continue
+        line = caller_line(k)
+        by_line[line] = by_line.get(line, 0) + ns
+        if line in (LINE_A, LINE_B) and innermost_python(k) == "wait_on":
+            in_helper += ns
+    a, b = by_line.get(LINE_A, 0), by_line.get(LINE_B, 0)
+    blocked = sum(by_line.values())
+    shares = {line: round(100.0 * ns / max(blocked, 1), 2) for line, ns in by_line.items()}
+    print(f"\n{label}: caller's off-CPU time by line (A={LINE_A}, B={LINE_B}): {shares}")
+    # the caller blocks ~95% of the time, nearly all of it in wait_on from A or B
+    assert blocked > 0.8 * DURATION * 1e9, (blocked, res.stderr)
+    assert a + b >= 0.98 * blocked, shares
+    assert in_helper >= 0.98 * (a + b), (in_helper, a + b)
+    share_a = 100.0 * a / (a + b)
+    assert abs(share_a - 30) <= 1 and abs((100 - share_a) - 70) <= 1, (
+        f"line A {share_a:.2f}% / line B {100 - share_a:.2f}% of the blocked time, "
+        f"built as 30/70", shares)
+
+
+# -- the accounting invariant: on + off = the recording ---------------------------
+_TID = re.compile(r"\(tid (\d+)\)")
+
+
+class JsonRun:
+    def __init__(self, label, w, tids, doc, stderr):
+        self.label, self.w, self.tids, self.doc, self.stderr = label, w, tids, doc, stderr
+
+
+def record_json(tmp_path, python, script, *extra):
+    """Record `script` for DURATION s to speedscope JSON; returns (Workload,
+    {thread name: tid}, document, stderr)."""
+    w = Workload(python, script, 60)
+    out = tmp_path / "out.json"
+    try:
+        tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
+        res = subprocess.run(pyoffcpu_cmd("-p", str(w.pid), "-d", str(DURATION), "-o", str(out),
+                                          *extra),
+                             env=env(), capture_output=True, text=True, timeout=120)
+    finally:
+        w.stop()
+    assert res.returncode == 0, res.stderr
+    return w, tids, json.loads(out.read_text()), res.stderr
+
+
+@pytest.fixture(scope="module", params=["pyenv-3.11", "debian-3.11"])
+def mixed(request, tmp_path_factory, bpf):
+    python = python_or_skip(request.param)
+    w, tids, doc, stderr = record_json(tmp_path_factory.mktemp("mixed"), python,
+                                       "mixed_threads.py")
+    assert len(tids) == 10, tids
+    return JsonRun(request.param, w, tids, doc, stderr)
+
+
+def profile_totals(doc):
+    """tid -> [on-CPU ns, off-CPU ns] from the speedscope profiles' weights
+    (one profile per thread; an off-CPU sample's leaf is the [off-cpu...]
+    marker)."""
+    frames = doc["shared"]["frames"]
+    out = {}
+    for p in doc["profiles"]:
+        m = _TID.search(p["name"])
+        assert m, p["name"]
+        tot = out.setdefault(int(m.group(1)), [0, 0])
+        for sample, weight in zip(p["samples"], p["weights"]):
+            off = bool(sample) and frames[sample[-1]]["name"].startswith("[off-cpu")
+            tot[off] += weight
+    return out
+
+
+def thread_records(run):
+    """tid -> the doc["pyoffcpu"]["threads"] entry of the workload's threads."""
+    recs = {}
+    for t in run.doc["pyoffcpu"]["threads"]:
+        assert t["pid"] == run.w.pid, t
+        assert t["tid"] not in recs, ("thread listed twice", t)
+        recs[t["tid"]] = t
+    return recs
+
+
+def _table(totals, tids):
+    names = {tid: name for name, tid in tids.items()}
+    return "\n".join(f"  {names.get(tid, tid):12} on {on / 1e9:6.3f} s + off {off / 1e9:6.3f} s"
+                     f" = {(on + off) / 1e9:6.3f} s" for tid, (on, off) in sorted(totals.items()))
+
+
+def test_mixed_profiles_cover_about_the_requested_duration(mixed):
+    """Before the exact checks: each thread's weights add up to about -d (3%)."""
+    totals = profile_totals(mixed.doc)
+    table = _table(totals, mixed.tids)
+    print(f"\n{mixed.label} (profiles' weights):\n{table}")
+    assert set(totals) == set(mixed.tids.values()), (table, mixed.tids)
+    bad = [tid for tid, (on, off) in totals.items()
+           if abs((on + off) / 1e9 - DURATION) > 0.03 * DURATION]
+    assert not bad, f"not about {DURATION} s:\n{table}"
+
+
+def test_mixed_threads_on_plus_off_is_the_recording(mixed):
+    meta = mixed.doc["pyoffcpu"]
+    duration = meta["duration_ns"]
+    assert isinstance(duration, int) and abs(duration / 1e9 - DURATION) <= 0.05 * DURATION, duration
+    recs = thread_records(mixed)
+    assert set(recs) == set(mixed.tids.values()), (sorted(recs), mixed.tids)
+    bad = []
+    for name, tid in sorted(mixed.tids.items()):
+        t = recs[tid]
+        for key in ("on_cpu_ns", "off_cpu_ns", "samples", "first_ns", "last_ns"):
+            assert isinstance(t[key], int) and t[key] >= 0, (name, key, t)
+        total = t["on_cpu_ns"] + t["off_cpu_ns"]
+        alive = t["last_ns"] - t["first_ns"]
+        print(f"\n{mixed.label} {name}: on {t['on_cpu_ns'] / 1e9:.3f} s + off "
+              f"{t['off_cpu_ns'] / 1e9:.3f} s = {total / duration:.4f} of {duration / 1e9:.3f} s, "
+              f"alive {t['first_ns']}..{t['last_ns']}, {t['samples']} samples")
+        # alive for the whole recording
+        if t["first_ns"] > ACCOUNT_TOL * duration or t["last_ns"] < (1 - ACCOUNT_TOL) * duration:
+            bad.append((name, "lifetime", t["first_ns"], t["last_ns"]))
+        if t["last_ns"] > duration * (1 + ACCOUNT_TOL):
+            bad.append((name, "last_ns past the end", t["last_ns"]))
+        if abs(total - duration) > ACCOUNT_TOL * duration:
+            bad.append((name, "on+off vs duration", total / duration))
+        if abs(total - alive) > ACCOUNT_TOL * duration:
+            bad.append((name, "on+off vs lifetime", total, alive))
+        if t["on_cpu_ns"] > 0.2e9 and t["samples"] == 0:
+            bad.append((name, "on-CPU time but no samples", t))
+    assert not bad, bad
+
+
+def test_mixed_profile_weights_match_the_thread_records(mixed):
+    """The same invariant from the profiles' weights (what a folded file or a
+    flame graph shows): each thread's weights add up to the recording, and
+    to the on/off split its record gives."""
+    duration = mixed.doc["pyoffcpu"]["duration_ns"]
+    recs = thread_records(mixed)
+    totals = profile_totals(mixed.doc)
+    bad = []
+    for name, tid in sorted(mixed.tids.items()):
+        on, off = totals.get(tid, (0, 0))
+        if abs(on + off - duration) > ACCOUNT_TOL * duration:
+            bad.append((name, "weights vs duration", (on + off) / duration))
+        t = recs[tid]
+        # the same numbers: only rounding (folded-style microseconds) may differ
+        if abs(on - t["on_cpu_ns"]) > 0.001 * duration or abs(off - t["off_cpu_ns"]) > 0.001 * duration:
+            bad.append((name, "weights vs record", (on, off), (t["on_cpu_ns"], t["off_cpu_ns"])))
+    assert not bad, bad
+
+
+def test_mixed_workload_had_runqueue_and_blocked_time(mixed):
+    """The workload does what it is built for: CPU hogs preempted (runqueue),
+    blocked threads asleep, the hashers mostly on a CPU or waiting for one."""
+    frames = mixed.doc["shared"]["frames"]
+    reasons = {}
+    for p in mixed.doc["profiles"]:
+        tid = int(_TID.search(p["name"]).group(1))
+        for sample, weight in zip(p["samples"], p["weights"]):
+            leaf = frames[sample[-1]]["name"] if sample else ""
+            if leaf.startswith("[off-cpu"):
+                r = reasons.setdefault(tid, {})
+                r[leaf] = r.get(leaf, 0) + weight
+    hashers = [mixed.tids["hash-%d" % i] for i in range(3)]
+    runq = sum(reasons.get(t, {}).get("[off-cpu: runqueue]", 0) for t in hashers)
+    assert runq > 0.1e9, reasons
+    for name in ("main", "lock-waiter", "pipe-reader"):
+        off = sum(reasons.get(mixed.tids[name], {}).values())
+        assert off > 0.5 * DURATION * 1e9, (name, reasons.get(mixed.tids[name]))
+
+
+# -- a thread that never switches -------------------------------------------------
+def _sched(pid, tid):
+    """(runqueue wait ns, voluntary switches, involuntary switches) of a thread."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        wait = int(f.read().split()[1])
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        st = f.read()
+    vol = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", st, re.M).group(1))
+    invol = int(re.search(r"^nonvoluntary_ctxt_switches:\s+(\d+)", st, re.M).group(1))
+    return wait, vol, invol
+
+
+@pytest.mark.parametrize("label", ["pyenv-3.11", "debian-3.11"])
+def test_thread_that_never_switches_is_on_cpu_the_whole_recording(label, tmp_path, bpf):
+    """A pure-Python spinner nobody takes the GIL from never leaves the CPU
+    of its own accord: it is charged on-CPU for the whole recording and
+    off-CPU only for the preemptions the kernel counted (schedstat), none on
+    a quiet machine: pyoffcpu is kept off the spinner's CPU."""
+    python = python_or_skip(label)
+    w = Workload(python, "lone_spinner.py")
+    out = tmp_path / "out.json"
+    try:
+        tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
+        spin = tids["spinner"]
+        cpu = [ln.split()[1] for ln in w.lines if ln.startswith("cpu ")][0]
+        others = set(os.sched_getaffinity(0)) - ({int(cpu)} if cpu != "-" else set())
+
+        def off_the_spinners_cpu():
+            if others:
+                os.sched_setaffinity(0, others)
+
+        proc = subprocess.Popen(pyoffcpu_cmd("-p", str(w.pid), "-d", str(DURATION), "-o", str(out)),
+                                env=env(), stderr=subprocess.PIPE, text=True,
+                                preexec_fn=off_the_spinners_cpu)
+        try:
+            wait_for_recording(proc)
+            t0 = time.monotonic()
+            wait0, vol0, inv0 = _sched(w.pid, spin)
+            # the recording's window, not pyoffcpu's work after it
+            time.sleep(max(0.0, t0 + DURATION - time.monotonic()))
+            wait1, vol1, inv1 = _sched(w.pid, spin)
+            stderr = proc.stderr.read()
+            assert proc.wait(timeout=60) == 0, stderr
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        w.stop()
+    assert vol1 == vol0, ("the spinner blocked: the workload is broken", vol0, vol1)
+    preempted = wait1 - wait0       # what the scheduler really took during the recording
+    doc = json.loads(out.read_text())
+
+    # from the profile's weights, against -d (the exact length is below)
+    on, off = profile_totals(doc).get(spin, (0, 0))
+    print(f"\n{label} spinner: on {on / 1e9:.3f} s + off {off / 1e9:.3f} s in a {DURATION} s "
+          f"recording; the kernel preempted it {inv1 - inv0} times, {preempted / 1e6:.1f} ms")
+    assert abs((on + off) / 1e9 - DURATION) <= 0.03 * DURATION, (
+        f"spinner: on {on / 1e9:.3f} s + off {off / 1e9:.3f} s in a {DURATION} s recording")
+
+    duration = doc["pyoffcpu"]["duration_ns"]
+    slack = ACCOUNT_TOL * duration
+    assert duration - preempted - slack <= on <= duration + slack, (on, duration, preempted)
+    assert off <= preempted + slack, (off, preempted, duration)
+
+    recs = {t["tid"]: t for t in doc["pyoffcpu"]["threads"]}
+    rec = recs[spin]
+    assert rec["first_ns"] <= slack and rec["last_ns"] >= duration - slack, rec
+    assert duration - preempted - slack <= rec["on_cpu_ns"] <= duration + slack, (rec, preempted)
+    assert rec["off_cpu_ns"] <= preempted + slack, (rec, preempted)
+    # on a CPU all the time: it takes (about) every tick of the one it runs on
+    expect = rec["on_cpu_ns"] / 1e9 * FREQUENCY
+    assert abs(rec["samples"] - expect) <= 0.1 * expect, (rec, expect)
+    # the parked threads: off-CPU the whole time
+    for name in ("main", "parked-0", "parked-1"):
+        t = recs[tids[name]]
+        assert t["on_cpu_ns"] <= slack, (name, t)
+        assert abs(t["on_cpu_ns"] + t["off_cpu_ns"] - duration) <= slack, (name, t)
