@@ -411,11 +411,7 @@ class Session:
                 return list(agg.items_lookup_and_delete_batch())
             except Exception:
                 items = list(agg.items())
-                for k, _ in items:
-                    try:
-                        del agg[k]
-                    except KeyError:
-                        pass
+                _delete_each(agg, [k for k, _ in items])
                 return items
         old = self._gen
         self._gen ^= 1
@@ -430,11 +426,7 @@ class Session:
             try:
                 agg.items_delete_batch(keys)
             except Exception:
-                for k, _ in items:
-                    try:
-                        del agg[k]
-                    except KeyError:
-                        pass
+                _delete_each(agg, [k for k, _ in items])
         return items
 
     def _drain(self, final: bool = False):
@@ -540,11 +532,7 @@ class Session:
                 self._close_thread(tid, th)
                 self._settle(tid)
                 done.append(k)
-        for k in done:
-            try:
-                del table[k]
-            except KeyError:
-                pass
+        _delete_each(table, done)
 
     def _thread_times(self, tid: int, th) -> ThreadTimes:
         t = self.rec.threads.get(tid)
@@ -920,6 +908,15 @@ class Session:
             skey = (key.tgid, key.tid, self._ustack_id(key), key.kstack, key.pystack, key.kind)
             self._fetch_stack_ids(skey[2], key.kstack)
             self._add(skey, 1, ns)
+
+
+def _delete_each(table, keys) -> None:
+    """Delete keys from a BPF map one by one; one already gone is no error."""
+    for k in keys:
+        try:
+            del table[k]
+        except KeyError:
+            pass
 
 
 def _fdinfo(fd: int) -> Dict[str, int]:
