@@ -596,11 +596,6 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     if (pi)
         pi->walker = WALK_NONE;
     unwind_procs.delete(&tgid);
-    u64 one = 1;
-    u64 *n = execs.lookup(&tgid);
-    if (n)
-        __sync_fetch_and_add(n, 1);
-    else
-        execs.update(&tgid, &one);
+    execs.atomic_increment(tgid);
     return 0;
 }

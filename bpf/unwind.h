@@ -337,12 +337,7 @@ static __always_inline int unwind_store(struct unwind_state *s)
         count_drop(DROP_NSTACK_INCOMPLETE);
     if (s->st.flags & NST_UNMAPPED) {
         u32 tgid = s->st.tgid;
-        u64 one = 1;
-        u64 *miss = unwind_misses.lookup(&tgid);
-        if (miss)
-            __sync_fetch_and_add(miss, 1);
-        else
-            unwind_misses.update(&tgid, &one);
+        unwind_misses.atomic_increment(tgid);
     }
     return stored;
 }

@@ -18,6 +18,15 @@ WORKLOADS = os.path.join(ROOT, "tests", "workloads")
 REQUIRE_BPF = os.environ.get("PYOFFCPU_REQUIRE_BPF") == "1"
 
 
+def source_line(script, marker):
+    """The number of the first line of tests/workloads/`script` holding `marker`."""
+    with open(os.path.join(WORKLOADS, script)) as f:
+        for n, line in enumerate(f, 1):
+            if marker in line:
+                return n
+    raise AssertionError(f"{marker!r} not in {script}")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

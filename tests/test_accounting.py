@@ -27,20 +27,13 @@ import time
 import pytest
 
 from conftest import (MATRIX_LABELS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip,
+                      source_line,
                       record_folded, wait_for_recording)
 from pyoffcpu.profile import FrameKind
 
 DURATION = 4
 FREQUENCY = 99                  # pyoffcpu's default -F
 ACCOUNT_TOL = 0.005             # on + off vs the recording's length
-
-
-def source_line(script, marker):
-    with open(os.path.join(WORKLOADS, script)) as f:
-        for n, line in enumerate(f, 1):
-            if marker in line:
-                return n
-    raise AssertionError(f"{marker!r} not in {script}")
 
 
 LINE_A = source_line("two_callers.py", "# LINE A")

@@ -8,19 +8,11 @@ import subprocess
 
 import pytest
 
-from conftest import (PYTHONS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip,
+from conftest import (PYTHONS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip, source_line,
                       record_folded, run_pyoffcpu, wait_for_recording)
 from pyoffcpu.profile import FrameKind, from_folded
 
 DURATION = 5.0
-
-
-def source_line(script, marker):
-    with open(os.path.join(WORKLOADS, script)) as f:
-        for n, line in enumerate(f, 1):
-            if marker in line:
-                return n
-    raise AssertionError(f"{marker!r} not in {script}")
 
 
 SPLIT_CPU = source_line("split.py", "cpu_work(CPU_S)")

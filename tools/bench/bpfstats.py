@@ -129,6 +129,18 @@ def _bpf_fds(pid: int, kind: str):
     return sorted(out)
 
 
+def new_map_fds(pid: int, pidfd: int, checked: set):
+    """(their fd, our copy) for each bpf-map fd of `pid` not yet in `checked`
+    (which it extends); the caller owns, and closes, the copies."""
+    for fd in _bpf_fds(pid, "bpf-map"):
+        if fd in checked:
+            continue
+        checked.add(fd)
+        mine = steal_fd(pidfd, fd)
+        if mine >= 0:
+            yield fd, mine
+
+
 class ProgStats:
     """Reads run_cnt / run_time_ns of every BPF program a process holds."""
 
@@ -192,13 +204,7 @@ class FirstSampleProbe:
     def poll(self) -> bool:
         """True once the map holds an entry."""
         if self.fd < 0:
-            for fd in _bpf_fds(self.pid, "bpf-map"):
-                if fd in self.checked:
-                    continue
-                self.checked.add(fd)
-                mine = steal_fd(self.pidfd, fd)
-                if mine < 0:
-                    continue
+            for _, mine in new_map_fds(self.pid, self.pidfd, self.checked):
                 if map_name(mine) == self.want:
                     self.fd = mine
                     break
@@ -291,13 +297,7 @@ class MapCounter:
         self.pidfd = os.pidfd_open(pid)
 
     def _scan(self):
-        for fd in _bpf_fds(self.pid, "bpf-map"):
-            if fd in self.checked:
-                continue
-            self.checked.add(fd)
-            mine = steal_fd(self.pidfd, fd)
-            if mine < 0:
-                continue
+        for fd, mine in new_map_fds(self.pid, self.pidfd, self.checked):
             info = map_info(mine)
             if info is None or not (info[0] in COUNTED_MAP_TYPES
                                     or (info[0] == PERCPU_ARRAY and info[4] == self.drops_map)):

@@ -1288,7 +1288,7 @@ def main():
         if "3" in cases:
             log("case 3: switch-heavy ping-pong")
             two = [P[k] for k in ("pyoffcpu --mode wall", "py-spy record --idle -r 100") if k in P]
-            slowdown_case(tools, res, "3", pp, n_pp, two, args.pairs, {"pyoffcpu --mode wall": 1.10})
+            slowdown_case(tools, res, "3", pp, n_pp, two, args.pairs, {"pyoffcpu --mode wall": 1.05})
         if "4" in cases:
             log("case 4: bystander")
             refs = [v for k, v in P.items() if k.startswith("reference:")] if args.references else []

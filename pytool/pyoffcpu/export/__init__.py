@@ -70,6 +70,13 @@ def _out_dir(path: str) -> str:
     return os.path.dirname(os.path.abspath(os.fspath(path)))
 
 
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def check_writable(path: str) -> None:
     """Raise an OSError (FileNotFoundError, NotADirectoryError, PermissionError,
     IsADirectoryError, ...) with a clear message if `path` cannot be written:
@@ -87,10 +94,25 @@ def check_writable(path: str) -> None:
     except OSError as e:
         raise type(e)(e.errno, f"cannot write to output directory {d}: {e.strerror}", path) from e
     os.close(fd)
+    _unlink_quietly(tmp)
+
+
+def _fill(fd: int, tmp: str, data: bytes, mode: int) -> None:
+    """Write all of `data` to the new file `fd` (named `tmp`), fsync and close
+    it; on any error the file is closed and removed and the error raised."""
     try:
-        os.unlink(tmp)
-    except OSError:
-        pass
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
 
 
 def write_bytes_atomic(path: str, data: bytes, mode: int = FILE_MODE) -> None:
@@ -102,22 +124,11 @@ def write_bytes_atomic(path: str, data: bytes, mode: int = FILE_MODE) -> None:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
     except OSError as e:
         raise type(e)(e.errno, f"cannot write {path}: {e.strerror}", path) from e
+    _fill(fd, tmp, data, mode)
     try:
-        try:
-            os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
     # make the rename itself durable; not all filesystems allow it
     try:
@@ -164,22 +175,7 @@ def write_fallback(path: str, fmt: str, data: bytes, directory: str) -> str:
         ext = _FORMAT_EXTENSIONS.get(fmt, "")
     fd, tmp = tempfile.mkstemp(prefix=f"pyoffcpu-fallback-{base}.", suffix=ext,
                                dir=directory)
-    try:
-        try:
-            os.fchmod(fd, FILE_MODE)
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _fill(fd, tmp, data, FILE_MODE)
     return tmp
 
 
