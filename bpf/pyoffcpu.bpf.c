@@ -13,7 +13,6 @@
  *   TASK_FSBASE_OFF       offsetof(task_struct, thread.fsbase), from BTF
  *   TASK_PID_OFF, TASK_TGID_OFF   offsetof(task_struct, pid / tgid), from BTF
  *   TASK_EXEC_OFF         offsetof(task_struct, se.sum_exec_runtime), from BTF
- *   PTHREAD_SPECIFIC_OFF  offsetof(struct pthread, specific_1stblock), glibc x86_64
  *   SAMPLE_PERIOD_NS      on-CPU sampling period
  *   KERNEL_STACKS         1 to capture kernel stacks
  *   SYSTEM_WIDE           1 to take every process, not only those in `procs`
@@ -86,7 +85,8 @@ static __always_inline u64 read_u64(u64 addr, int *failed)
 static __always_inline u64 current_tstate(struct proc_info *pi)
 {
     int key = pi->tss_key;
-    if (key < 0 || key >= 32)       /* only glibc's first block of keys */
+    int specific = pi->pthread_specific;
+    if (key < 0 || key >= 32 || specific < 0)   /* only glibc's first block of keys */
         return 0;
     u64 task = bpf_get_current_task();
     u64 fsbase = 0;
@@ -95,7 +95,7 @@ static __always_inline u64 current_tstate(struct proc_info *pi)
         return 0;
     int failed = 0;
     /* struct pthread_key_data { uintptr_t seq; void *data; } specific_1stblock[32] */
-    return read_u64(fsbase + PTHREAD_SPECIFIC_OFF + key * 16 + 8, &failed);
+    return read_u64(fsbase + specific + key * 16 + 8, &failed);
 }
 
 static __always_inline u64 first_frame(struct proc_info *pi, u64 tstate, int *failed)

@@ -29,6 +29,8 @@
 struct proc_info {
     int walker;
     int tss_key;                    /* autoTSSkey's pthread key */
+    int pthread_specific;           /* offsetof(struct pthread, specific_1stblock) in
+                                       the process's own glibc (pytool/pyoffcpu/libc.py) */
     int tstate_frame;               /* <= 3.10 */
     int tstate_cframe;              /* 3.11 / 3.12 */
     int cframe_current_frame;

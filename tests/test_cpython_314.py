@@ -278,9 +278,33 @@ def test_runtime_offsets_win_over_the_table_with_a_notice():
     assert "using the run-time values" in pp.notices[0]
 
 
-def test_free_threaded_build_is_refused():
-    with pytest.raises(detect.Unsupported, match="free-threaded CPython 3.14t"):
-        Target(free_threaded=1).describe()
+def test_free_threaded_build_is_walked_from_its_own_offsets():
+    """A free-threaded build publishes the free_threaded flag and its larger
+    object header (32 bytes: ob_type at 24) in _Py_DebugOffsets.  Its values
+    are used as they are, without a 'differ' notice; the unpublished ones move
+    with their anchors; the table's _PyRuntime.autoTSSkey position is not
+    trusted, and the key comes from the live thread."""
+    ft = dict(object_type=24, type_name=40, ascii_data=56, code_code_adaptive=224,
+              unicode_length=32, unicode_state=48, bytes_size=32, bytes_data=48)
+    t = Target(free_threaded=1, **ft)
+    t.mem.put(RUNTIME + AUTOTSS, "iI", 1, 7)            # a stale key where the table says
+    pp = t.describe()
+    assert pp.free_threaded and not pp.debug_build and pp.version_str == "3.14.0 free-threaded"
+    assert pp.notices == []
+    table = OFFSETS_FROM_SOURCE[(3, 14)]
+    for key, val in ft.items():
+        assert pp.offsets[key] == val, key
+    for key in ("compact_data", "compact_utf8", "code_firsttraceable"):
+        assert table[key] >= 0 and pp.offsets[key] == table[key] + 16, key
+    assert pp.offsets["runtime_autotss"] == -1
+    assert pp.tss_key == TSS_KEY
+
+
+def test_gil_build_keeps_the_table_where_nothing_moved():
+    pp = Target().describe()
+    assert not pp.free_threaded and pp.version_str == "3.14.0"
+    for key in ("compact_data", "type_basicsize", "code_firsttraceable", "runtime_autotss"):
+        assert pp.offsets[key] == OFFSETS_FROM_SOURCE[(3, 14)][key], key
 
 
 def test_unknown_versions_are_refused():
@@ -380,9 +404,31 @@ def test_empty_group_still_counts_for_the_native_match():
     assert [[f.name for f in g] for g in groups] == [[], ["outer_ü"]]
 
 
-def test_debug_build_is_refused():
+def test_314_release_build_exporting_forget_reference_is_not_a_debug_build():
+    """Debian's release 3.14 exports _Py_ForgetReference: that names no debug
+    build from 3.13 on (it once made pyoffcpu refuse Python frames)."""
     t = Target()
-    with pytest.raises(detect.Unsupported, match="debug build"):
-        detect.describe(t.mem, 4242, "/usr/lib/libpython3.14d.so", RUNTIME,
+    pp = detect.describe(t.mem, 4242, "/usr/bin/python3.14", RUNTIME,
+                         {"Py_Version": PY_VERSION, "PyCode_Type": CODE_TYPE},
+                         debug_build=["_Py_ForgetReference"])
+    assert not pp.debug_build and pp.tss_key == TSS_KEY and pp.version_str == "3.14.0"
+
+
+def test_314_debug_build_is_walked_and_named():
+    t = Target()
+    pp = detect.describe(t.mem, 4242, "/usr/lib/libpython3.14d.so", RUNTIME,
+                         {"Py_Version": PY_VERSION, "PyCode_Type": CODE_TYPE},
+                         debug_build=["_Py_GetGlobalRefTotal", "_Py_ForgetReference"])
+    assert pp.debug_build and pp.version_str == "3.14.0 debug" and pp.tss_key == TSS_KEY
+
+
+def test_debug_build_before_313_is_refused():
+    """Before 3.13 nothing in the target describes a debug build's layout:
+    native stacks only (fails safe)."""
+    t = Target()
+    t.mem.write(RUNTIME, b"\0" * 8)                     # no _Py_DebugOffsets
+    t.mem.put(PY_VERSION, "I", 0x030C01F0)              # 3.12.1
+    with pytest.raises(detect.Unsupported, match="CPython 3.12 is a debug build"):
+        detect.describe(t.mem, 4242, "/usr/lib/libpython3.12d.so", RUNTIME,
                         {"Py_Version": PY_VERSION, "PyCode_Type": CODE_TYPE},
-                        debug_build="_Py_ForgetReference")
+                        debug_build=["_Py_GetGlobalRefTotal"])

@@ -415,3 +415,23 @@ def test_unwritable_directory(tmp_path):
         with pytest.raises(OSError):
             write_profile(known_profile(), "/proc/pyoffcpu-test.svg", "svg")
     assert not os.path.exists("/proc/pyoffcpu-test.svg")
+
+
+def test_container_ids_are_shown_next_to_the_host_ids_and_read_back():
+    """A process in another PID namespace keeps its host PID/TID first (what
+    -p takes) and its own id after it: `process 4242 (ns 1) python3`."""
+    p = Profile()
+    p.processes = {4242: "python3"}
+    p.threads = {4242: "python3", 4243: "worker"}
+    p.ns_ids = {4242: 1, 4243: 7}
+    p.add(StackKey(4242, 4242, (MAIN,)), 2_000)
+    p.add(StackKey(4242, 4243, (WORK,)), 3_000)
+    text = render_folded(p)
+    assert text == ("process 4242 (ns 1) python3;thread 4242 (ns 1) python3;main (app/cli.py:10) 2\n"
+                    "process 4242 (ns 1) python3;thread 4243 (ns 7) worker;work (app/cli.py:20) 3\n")
+    back = from_folded(text)
+    assert back.processes == {4242: "python3"} and back.threads == {4242: "python3", 4243: "worker"}
+    assert back.ns_ids == {4242: 1, 4243: 7}
+    assert render_folded(back) == text
+    doc = json.loads(render_speedscope(p))
+    assert doc["pyoffcpu"]["ns_pids"] == {"4242": 1}

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from pyoffcpu import libc
 from pyoffcpu.cpython import detect, walker
 from pyoffcpu.cpython.code import CodeReader
 from pyoffcpu.memory import MemoryError_, ProcessMemory
@@ -196,7 +197,7 @@ def _fake_thread_state(pp, tid, frame, keep):
         ts.set(o["tstate_native_thread_id"], tid)
     else:
         pthread = Struct()
-        keep.append(pthread.set(walker.GLIBC_PTHREAD_TID, tid, "<i"))
+        keep.append(pthread.set(libc.GLIBC_236.tid, tid, "<i"))
         ts.set(o["tstate_thread_id"], pthread.addr)
     if pp.minor <= (3, 10):
         ts.set(o["tstate_frame"], frame)

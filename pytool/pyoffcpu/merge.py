@@ -262,7 +262,9 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
         prof.thread_info[sid] = P.ThreadInfo(
             t.pid, sid, t.name, on_cpu_ns=t.on_ns if o.mode != "off" else 0,
             off_cpu_ns=off_ns.get(sid, 0), samples=t.samples, first_ns=t.first_ns,
-            last_ns=t.last_ns, threads=t.threads, entry=t.entry)
+            last_ns=t.last_ns, threads=t.threads, entry=t.entry,
+            ns_tid=rec.ns_ids.get(sid, 0) if sid > 0 else 0)
+    prof.ns_ids = {i: n for i, n in rec.ns_ids.items()}
     for key in prof.weights:
         prof.threads.setdefault(key.tid, "?")
     meta.exact_on_cpu = rec.exact_on_cpu

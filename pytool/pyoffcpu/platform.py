@@ -11,11 +11,6 @@ BTF_PATH = os.environ.get("PYOFFCPU_BTF", "/sys/kernel/btf/vmlinux")
 TRACEFS = os.environ.get("PYOFFCPU_TRACEFS", "/sys/kernel/tracing")
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
 
-# offsetof(struct pthread, specific_1stblock) in glibc 2.36 x86_64, measured on
-# this machine (tools/check_glibc_offsets.py): pthread_getspecific(key) for
-# key < 32 reads *(fs_base + 0x310 + key*16 + 8).
-GLIBC_PTHREAD_SPECIFIC = 0x310
-
 
 class ProfilerError(Exception):
     """An error the user can act on: printed as one line, exit 1."""
@@ -70,7 +65,6 @@ class Platform:
     task_pid_offset: int = -1
     task_tgid_offset: int = -1
     task_exec_offset: int = -1      # se.sum_exec_runtime
-    pthread_specific_offset: int = GLIBC_PTHREAD_SPECIFIC
 
 
 def probe() -> Platform:

@@ -117,6 +117,8 @@ class ThreadInfo:
     last_ns: int = 0
     threads: int = 1
     entry: str = ""
+    ns_tid: int = 0                   # the id inside the thread's PID namespace, 0: the same
+
 
     @property
     def is_group(self) -> bool:
@@ -127,7 +129,13 @@ class ThreadInfo:
         if self.is_group:
             where = f" in {self.entry}" if self.entry else ""
             return f"threads {self.threads} ended {self.name}{where}"
-        return f"thread {self.tid} {self.name}"
+        return f"thread {self.tid}{ns_suffix(self.ns_tid)} {self.name}"
+
+
+def ns_suffix(ns_id: int) -> str:
+    """` (ns N)` after a host PID/TID whose process lives in another PID
+    namespace (a container), where it is N; nothing otherwise."""
+    return f" (ns {ns_id})" if ns_id else ""
 
 
 @dataclass
@@ -140,6 +148,8 @@ class Profile:
     sample_counts: Dict[StackKey, int] = field(default_factory=dict)  # events behind each weight
     # tid -> exact times (from a recording; absent for a profile read from text)
     thread_info: Dict[int, ThreadInfo] = field(default_factory=dict)
+    # host pid/tid -> its id in its own PID namespace, where they differ
+    ns_ids: Dict[int, int] = field(default_factory=dict)
 
     def add(self, key: StackKey, ns: int, count: int = 1) -> None:
         if ns <= 0:
@@ -162,11 +172,11 @@ class Profile:
         info = self.thread_info.get(tid)
         if info is not None:
             return info.root_label()
-        return f"thread {tid} {self.threads.get(tid, '?')}"
+        return f"thread {tid}{ns_suffix(self.ns_ids.get(tid, 0))} {self.threads.get(tid, '?')}"
 
     def filtered(self, keep_on_cpu: bool, keep_off_cpu: bool) -> "Profile":
         out = Profile(self.meta, dict(self.processes), dict(self.threads), dict(self.thread_pid),
-                      thread_info=dict(self.thread_info))
+                      thread_info=dict(self.thread_info), ns_ids=dict(self.ns_ids))
         for key, ns in self.weights.items():
             if (key.off_cpu is None and keep_on_cpu) or (key.off_cpu is not None and keep_off_cpu):
                 out.add(key, ns, self.sample_counts.get(key, 1))
@@ -180,7 +190,8 @@ class Profile:
         short = PathShortener() if not full_paths else None
         for key, ns in sorted(self.weights.items(), key=_sort_key):
             comm = self.processes.get(key.pid, "?")
-            out = [(f"process {key.pid} {comm}", FrameKind.MARKER)]
+            in_ns = ns_suffix(self.ns_ids.get(key.pid, 0))
+            out = [(f"process {key.pid}{in_ns} {comm}", FrameKind.MARKER)]
             if threads:
                 out.append((self.thread_root(key.tid), FrameKind.MARKER))
             for fr in key.frames:
@@ -217,8 +228,8 @@ class PathShortener:
 
 # -- folded text back into a Profile ----------------------------------------
 _PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*):(?P<line>\d+|\?)\)$")
-_PROC = re.compile(r"^process (\d+) ?(.*)$")
-_THREAD = re.compile(r"^thread (\d+) ?(.*)$")
+_PROC = re.compile(r"^process (\d+)(?: \(ns (\d+)\))? ?(.*)$")
+_THREAD = re.compile(r"^thread (\d+)(?: \(ns (\d+)\))? ?(.*)$")
 _GROUP = re.compile(r"^threads (\d+) ended (.*?)(?: in (.*))?$")
 _OFF = re.compile(r"^\[off-cpu(?:: (?P<reason>[^\]]+))?\]$")
 
@@ -251,14 +262,18 @@ def from_folded(text: str) -> Profile:
         m = _PROC.match(labels[0])
         if m:
             pid = int(m.group(1))
-            prof.processes[pid] = m.group(2)
+            prof.processes[pid] = m.group(3)
+            if m.group(2):
+                prof.ns_ids[pid] = int(m.group(2))
             labels = labels[1:]
         if labels:
             m = _THREAD.match(labels[0])
             g = _GROUP.match(labels[0]) if not m else None
             if m:
                 tid = int(m.group(1))
-                prof.threads[tid] = m.group(2)
+                prof.threads[tid] = m.group(3)
+                if m.group(2):
+                    prof.ns_ids[tid] = int(m.group(2))
                 labels = labels[1:]
             elif g:
                 gkey = (pid, labels[0])

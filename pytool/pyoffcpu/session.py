@@ -101,6 +101,8 @@ class Recording:
     threads: Dict[int, ThreadTimes] = field(default_factory=dict)   # tid (or group id) ->
     comms: Dict[int, str] = field(default_factory=dict)
     cmdlines: Dict[int, str] = field(default_factory=dict)
+    # host pid/tid -> its id inside its PID namespace (containers), where they differ
+    ns_ids: Dict[int, int] = field(default_factory=dict)
     drops: Dict[str, int] = field(default_factory=dict)
     drops_ns: Dict[str, int] = field(default_factory=dict)           # time the drops lost
     notices: List[str] = field(default_factory=list)
@@ -139,6 +141,17 @@ def _read_text(path: str) -> Optional[str]:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return None
+
+
+def ns_id(status_path: str, host_id: int) -> int:
+    """The id of a task in its own (innermost) PID namespace, from the NSpid
+    line of /proc/.../status; 0 when it is the host's id or unknown."""
+    for line in (_read_text(status_path) or "").splitlines():
+        if line.startswith("NSpid:"):
+            ids = line.split()[1:]
+            inner = int(ids[-1]) if ids and ids[-1].isdigit() else 0
+            return inner if inner != host_id else 0
+    return 0
 
 
 def _proc_state(stat_path: str) -> str:
@@ -200,7 +213,6 @@ class Session:
             f"-DTASK_PID_OFF={p.task_pid_offset}",
             f"-DTASK_TGID_OFF={p.task_tgid_offset}",
             f"-DTASK_EXEC_OFF={p.task_exec_offset}",
-            f"-DPTHREAD_SPECIFIC_OFF={p.pthread_specific_offset}",
             f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
             f"-DSYSTEM_WIDE={1 if o.system_wide else 0}",
@@ -274,6 +286,7 @@ class Session:
             o = py.offsets
             info.walker = detect.walker_kind(py.minor)
             info.tss_key = py.tss_key
+            info.pthread_specific = py.thread_layout.specific_1stblock
             for name in ("tstate_frame", "tstate_cframe", "cframe_current_frame",
                          "tstate_current_frame", "frame_back", "frame_code", "frame_lasti",
                          "iframe_code", "iframe_previous", "iframe_instr", "iframe_is_entry",
@@ -362,6 +375,9 @@ class Session:
         comm = _read_text(f"/proc/{pid}/comm")
         if comm:
             rec.comms[pid] = comm.strip()
+        inner = ns_id(f"/proc/{pid}/status", pid)
+        if inner:
+            rec.ns_ids[pid] = inner
         cmd = _read_text(f"/proc/{pid}/cmdline")
         if cmd:
             rec.cmdlines[pid] = cmd.replace("\0", " ").strip()
@@ -539,6 +555,10 @@ class Session:
         name = bytes(th.comm).split(b"\0", 1)[0].decode("utf-8", "replace")
         if t is None:
             t = self.rec.threads[tid] = ThreadTimes(th.tgid, tid, name)
+            if th.tgid in self.rec.ns_ids:      # a container's thread: its own id too
+                inner = ns_id(f"/proc/{th.tgid}/task/{tid}/status", tid)
+                if inner:
+                    self.rec.ns_ids[tid] = inner
         elif name:
             t.name = name
         t.on_ns = th.on_ns

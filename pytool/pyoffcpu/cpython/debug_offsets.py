@@ -85,13 +85,39 @@ def read(mem, runtime: int) -> DebugOffsets:
     return parse(mem.read(runtime, size))
 
 
+# Values the struct does not publish, each kept at its distance from a value
+# it does publish in the same struct: a build whose object header is larger
+# (free-threaded: 32 bytes; Py_TRACE_REFS: 32) moves both by the same amount.
+# The fields in between are pointers and ints that no build option changes.
+DERIVED = {
+    "compact_data": "ascii_data",           # sizeof(PyCompactUnicodeObject)
+    "compact_utf8": "ascii_data",
+    "compact_utf8_length": "ascii_data",
+    "type_basicsize": "type_name",          # tp_basicsize right after tp_name
+    "code_firsttraceable": "code_code_adaptive",    # two pointers before the bytecode
+}
+# Positions inside _PyRuntime that no anchor vouches for: unknown (-1) unless
+# the published runtime values match the table's build.
+RUNTIME_UNPUBLISHED = ("runtime_autotss",)
+
+
 def merge(table: Dict[str, int], dbg: DebugOffsets) -> Tuple[Dict[str, int], List[str]]:
     """The table with the run-time values put in; the keys whose table value
-    (where the table has one: -1 is none) disagreed."""
+    (where the table has one: -1 is none) disagreed.  Unpublished values move
+    with their anchors (DERIVED); on a build other than the table's
+    (free-threaded, or any published value differs) the unpublished
+    _PyRuntime positions become unknown, and the callers find them otherwise
+    (autoTSSkey: from the live threads)."""
     out = dict(table)
     differ = []
     for key, val in sorted(dbg.values.items()):
         if out.get(key, -1) not in (-1, val):
             differ.append(key)
         out[key] = val
+    for key, anchor in DERIVED.items():
+        if table.get(key, -1) >= 0 and table.get(anchor, -1) >= 0 and anchor in dbg.values:
+            out[key] = table[key] + dbg.values[anchor] - table[anchor]
+    if dbg.free_threaded or differ:
+        for key in RUNTIME_UNPUBLISHED:
+            out[key] = -1
     return out, differ

@@ -21,14 +21,15 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from .. import symbols
+from ..elfsyms import defined_symbols
 from ..memory import MemoryError_, ProcessMemory
-from ..platform import GLIBC_PTHREAD_SPECIFIC
+from .. import libc
 from . import debug_offsets
 from .offsets_table import OFFSETS, OFFSETS_FROM_SOURCE
 
@@ -50,6 +51,9 @@ class PythonProcess:
     notices: List[str] = field(default_factory=list)
     debug_offsets: bool = False             # offsets include the target's _Py_DebugOffsets
     from_source: bool = False               # the table's values were not compiled (3.14)
+    free_threaded: bool = False             # Py_GIL_DISABLED (3.13+: _Py_DebugOffsets says)
+    debug_build: bool = False               # Py_DEBUG / Py_REF_DEBUG (3.13+)
+    thread_layout: libc.ThreadLayout = libc.GLIBC_236   # its libc's struct pthread
 
     @property
     def minor(self) -> Tuple[int, int]:
@@ -57,7 +61,10 @@ class PythonProcess:
 
     @property
     def version_str(self) -> str:
-        return "%d.%d.%d" % self.version
+        """3.11.7; 3.13.15 free-threaded; 3.14.8 debug."""
+        words = [w for w, on in (("free-threaded", self.free_threaded),
+                                 ("debug", self.debug_build)) if on]
+        return " ".join(["%d.%d.%d" % self.version] + words)
 
 
 class NotPython(Exception):
@@ -100,40 +107,6 @@ def _candidates(pid: int, maps) -> List[str]:
     return out
 
 
-def _symbols(path: str, names) -> Dict[str, int]:
-    """st_value of the defined symbols among `names` in .dynsym, then (for the
-    ones not exported) .symtab."""
-    want = {name.encode(): name for name in names}
-    out: Dict[str, int] = {}
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            fmt = ("<" if elf.little_endian else ">") + (
-                "IBBHQQ" if elf.elfclass == 64 else "IIIBBH")
-            size = struct.calcsize(fmt)
-            for secname in (".dynsym", ".symtab"):
-                if len(out) == len(want):
-                    break
-                sec = elf.get_section_by_name(secname)
-                if sec is None or sec["sh_type"] not in ("SHT_DYNSYM", "SHT_SYMTAB"):
-                    continue
-                strtab = elf.get_section(sec["sh_link"]).data()
-                data = sec.data()
-                for fields in struct.iter_unpack(fmt, data[:len(data) - len(data) % size]):
-                    if elf.elfclass == 64:
-                        name_off, _info, _other, shndx, value, _size = fields
-                    else:
-                        name_off, value, _size, _info, _other, shndx = fields
-                    if not value or not shndx or not name_off:
-                        continue            # undefined or nameless
-                    name = want.get(strtab[name_off:strtab.find(b"\0", name_off)])
-                    if name is not None and name not in out:
-                        out[name] = value
-    except (OSError, ELFError, ValueError, struct.error, AssertionError):
-        return {}
-    return out
-
-
 def _address(maps, path: str, real: str, vaddr: int) -> Optional[int]:
     try:
         return symbols.runtime_address(maps, path, vaddr, elf_path=real)
@@ -171,7 +144,7 @@ def _patch_from_rodata(path: str, minor: Tuple[int, int]) -> int:
 
 
 def _version_before_311(path: str) -> Optional[Tuple[int, int, int]]:
-    found = _symbols(path, [name for _, name in _API_SINCE])
+    found = defined_symbols(path, [name for _, name in _API_SINCE])
     for minor, name in _API_SINCE:
         if name in found:
             return minor + (_patch_from_rodata(path, minor),)
@@ -192,7 +165,7 @@ def find_python(pid: int, maps=None) -> PythonProcess:
     old = None
     for path in _candidates(pid, maps):
         real = proc_path(pid, path)
-        syms = _symbols(real, ("_PyRuntime", "Py_GetVersion"))
+        syms = defined_symbols(real, ("_PyRuntime", "Py_GetVersion"))
         vaddr = syms.get("_PyRuntime")
         if vaddr is None:
             if old is None and "Py_GetVersion" in syms:
@@ -210,33 +183,43 @@ def find_python(pid: int, maps=None) -> PythonProcess:
     raise NotPython(f"no CPython runtime (_PyRuntime) in process {pid}")
 
 
-# Defined only by Py_REF_DEBUG / Py_TRACE_REFS builds, whose object headers and
-# structs the table does not describe.
+# Before 3.13, defined only by Py_REF_DEBUG / Py_TRACE_REFS builds, whose
+# object headers and structs the table does not describe: such a build gets
+# native stacks only (fails safe; a release build never defines them).  From
+# 3.13 the target publishes its own layout in _Py_DebugOffsets, so a debug
+# build is walked like any other, and only named as one: by a symbol that
+# Py_REF_DEBUG alone defines (3.14's release builds export
+# _Py_ForgetReference too, so it tells nothing there).
 DEBUG_BUILD_SYMBOLS = ("_Py_RefTotal", "_Py_GetGlobalRefTotal", "_Py_ForgetReference",
                        "_Py_PrintReferences")
+DEBUG_BUILD_SYMBOLS_313 = ("_Py_GetGlobalRefTotal",)
 
 
 def _describe(pid, maps, path, real, runtime) -> PythonProcess:
-    syms = _symbols(real, ("Py_Version", "PyCode_Type") + DEBUG_BUILD_SYMBOLS)
+    syms = defined_symbols(real, ("Py_Version", "PyCode_Type") + DEBUG_BUILD_SYMBOLS)
     addrs = {name: _address(maps, path, real, syms[name])
              for name in ("Py_Version", "PyCode_Type") if name in syms}
-    debug = next((name for name in DEBUG_BUILD_SYMBOLS if name in syms), None)
+    debug = [name for name in DEBUG_BUILD_SYMBOLS if name in syms]
     mem = ProcessMemory(pid)
     try:
+        layout, notes = libc.thread_layout(pid, maps, mem)
         return describe(mem, pid, path, runtime, {k: v for k, v in addrs.items() if v},
-                        lambda: _version_before_311(real), debug_build=debug)
+                        lambda: _version_before_311(real), debug_build=debug,
+                        thread_layout=layout, notices=notes)
     finally:
         mem.close()
 
 
 def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],
-             old_version=lambda: None, debug_build: Optional[str] = None) -> PythonProcess:
+             old_version=lambda: None, debug_build: Sequence[str] = (),
+             thread_layout: libc.ThreadLayout = libc.GLIBC_236,
+             notices: List[str] = ()) -> PythonProcess:
     """The PythonProcess of the runtime at `runtime` (&_PyRuntime) in `mem`.
 
     `addrs`: target addresses of the symbols Py_Version and PyCode_Type where
     the binary has them; `old_version()`: the version told by the ELF alone
-    (before 3.11); `debug_build`: a symbol only debug builds define, if the
-    binary has one.  Raises Unsupported."""
+    (before 3.11); `debug_build`: the DEBUG_BUILD_SYMBOLS the binary
+    defines.  Raises Unsupported."""
     version = None
     if "Py_Version" in addrs:
         version = debug_offsets.split_version(mem.u32(addrs["Py_Version"]))
@@ -257,28 +240,44 @@ def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],
     if version is None:
         raise Unsupported(f"cannot tell the CPython version of {path}")
     name = "CPython %d.%d" % version[:2]
-    if version[:2] >= (3, 13):
-        if header is None:
-            raise Unsupported(f"{name}: no _Py_DebugOffsets at _PyRuntime")
-        if header[1]:
-            raise Unsupported(f"free-threaded {name}t is not supported")
     table, from_source = table_for(version[:2])
     if table is None:
         raise Unsupported(f"{name} is not supported (supported: {SUPPORTED_TEXT})")
-    if debug_build:
-        raise Unsupported(f"{name} is a debug build ({debug_build}): its layouts are not supported")
-    pp = PythonProcess(pid, version, path, runtime, dict(table), from_source=from_source)
-    if version[:2] >= (3, 13):
-        try:
-            dbg = debug_offsets.read(mem, runtime)
-        except (debug_offsets.BadDebugOffsets, MemoryError_) as e:
-            pp.notices.append(f"{name}: cannot read _Py_DebugOffsets ({e}): using the offsets table")
-        else:
-            pp.offsets, differ = debug_offsets.merge(table, dbg)
-            pp.debug_offsets = True
-            if differ:
-                pp.notices.append("%s.%d: _Py_DebugOffsets differ from the offsets table in %s: "
-                                  "using the run-time values" % (name, version[2], ", ".join(differ)))
+    if version[:2] < (3, 13):
+        if debug_build:
+            raise Unsupported(f"{name} is a debug build ({debug_build[0]}): before 3.13 its "
+                              "layouts are not published and the offsets table has release builds only")
+        return _finish(PythonProcess(pid, version, path, runtime, dict(table),
+                                     from_source=from_source, thread_layout=thread_layout,
+                                     notices=list(notices)), mem, addrs)
+    # 3.13+: the build says what it is, and how it is laid out, in _Py_DebugOffsets.
+    if header is None:
+        raise Unsupported(f"{name}: no _Py_DebugOffsets at _PyRuntime")
+    free_threaded = header[1]
+    debug = any(s in debug_build for s in DEBUG_BUILD_SYMBOLS_313)
+    kind = " ".join(w for w, on in (("free-threaded", free_threaded), ("debug", debug)) if on)
+    try:
+        dbg = debug_offsets.read(mem, runtime)
+    except (debug_offsets.BadDebugOffsets, MemoryError_) as e:
+        if kind:
+            raise Unsupported(f"{name} ({kind} build): cannot read _Py_DebugOffsets ({e}), "
+                              "and the offsets table has release builds only") from None
+        pp = PythonProcess(pid, version, path, runtime, dict(table), from_source=from_source,
+                           thread_layout=thread_layout, notices=list(notices))
+        pp.notices.append(f"{name}: cannot read _Py_DebugOffsets ({e}): using the offsets table")
+        return _finish(pp, mem, addrs)
+    offsets, differ = debug_offsets.merge(table, dbg)
+    pp = PythonProcess(pid, version, path, runtime, offsets, from_source=from_source,
+                       thread_layout=thread_layout, notices=list(notices), debug_offsets=True,
+                       free_threaded=free_threaded, debug_build=debug)
+    if differ and not kind:
+        # a release GIL build is what the table describes: a difference is news
+        pp.notices.append("%s.%d: _Py_DebugOffsets differ from the offsets table in %s: "
+                          "using the run-time values" % (name, version[2], ", ".join(differ)))
+    return _finish(pp, mem, addrs)
+
+
+def _finish(pp: PythonProcess, mem, addrs: Dict[str, int]) -> PythonProcess:
     pp.code_type = addrs.get("PyCode_Type", 0)
     refresh_tss(pp, mem)
     return pp
@@ -319,19 +318,28 @@ def thread_state_addresses(pp: PythonProcess, mem, limit: int = MAX_SCAN_THREADS
     return out
 
 
-def key_from_threads(pp: PythonProcess, mem, pthread_specific: int = GLIBC_PTHREAD_SPECIFIC
-                     ) -> Optional[int]:
+def key_from_threads(pp: PythonProcess, mem) -> Optional[int]:
     """The pthread key under which the live threads keep their own PyThreadState.
 
     `tstate->thread_id` is the thread's pthread_t, which glibc on x86_64 makes
     the address of its struct pthread; its `specific_1stblock[key]` is
-    {seq, data}.  The key whose data is the thread state itself is autoTSSkey."""
+    {seq, data}.  The key whose data is the thread state itself is autoTSSkey.
+    The first thread read also confirms where specific_1stblock is
+    (libc.confirm): pp.thread_layout is corrected if its libc said otherwise."""
     for ts in thread_state_addresses(pp, mem):
         try:
             pthread = mem.u64(ts + pp.offsets["tstate_thread_id"])
             if not pthread:
                 continue
-            block = mem.read(pthread + pthread_specific, 16 * FIRST_BLOCK_KEYS)
+            seen = libc.confirm(pp.thread_layout, mem, pthread)
+            if seen is not None and seen != pp.thread_layout:
+                pp.notices.append(
+                    "struct pthread keeps thread-specific data at %#x, not at %#x as %s "
+                    "implies: using %#x" % (seen.specific_1stblock,
+                                            pp.thread_layout.specific_1stblock,
+                                            pp.thread_layout.source, seen.specific_1stblock))
+                pp.thread_layout = seen
+            block = mem.read(pthread + pp.thread_layout.specific_1stblock, 16 * FIRST_BLOCK_KEYS)
         except MemoryError_:
             continue
         for key in range(FIRST_BLOCK_KEYS):
@@ -341,8 +349,7 @@ def key_from_threads(pp: PythonProcess, mem, pthread_specific: int = GLIBC_PTHRE
     return None
 
 
-def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None,
-                pthread_specific: int = GLIBC_PTHREAD_SPECIFIC) -> bool:
+def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None) -> bool:
     """Find autoTSSkey once the runtime has created it; True when known."""
     if pp.tss_key >= 0:
         return True
@@ -353,7 +360,7 @@ def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None,
         if own:
             mem = ProcessMemory(pp.pid)
         stored = key_from_runtime(pp, mem)
-        live = key_from_threads(pp, mem, pthread_specific)
+        live = key_from_threads(pp, mem)
     except OSError:
         return False
     finally:

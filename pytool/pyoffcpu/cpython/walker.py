@@ -15,7 +15,6 @@ from ..memory import MemoryError_, ProcessMemory
 from .detect import PythonProcess
 
 MAX_THREADS = 4096
-GLIBC_PTHREAD_TID = 0x2d0   # offsetof(struct pthread, tid), glibc x86_64 (cpython-frames.md §1)
 
 Frames = List[Tuple[int, int, int]]
 
@@ -68,7 +67,7 @@ def thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, int]:
                 tid = mem.i64(ts + o["tstate_native_thread_id"])
             else:
                 pthread = mem.u64(ts + o["tstate_thread_id"])
-                tid = mem.i32(pthread + GLIBC_PTHREAD_TID) if pthread else 0
+                tid = mem.i32(pthread + pp.thread_layout.tid) if pthread else 0
             if tid > 0:
                 out[tid] = ts
             ts = mem.u64(ts + o["tstate_next"])

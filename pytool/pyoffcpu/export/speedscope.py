@@ -103,11 +103,13 @@ def metadata(profile: Profile) -> dict:
         threads.append({"pid": t.pid, "tid": t.tid, "name": t.name, "root": t.root_label(),
                         "on_cpu_ns": t.on_cpu_ns, "off_cpu_ns": t.off_cpu_ns,
                         "samples": t.samples, "first_ns": t.first_ns, "last_ns": t.last_ns,
-                        "threads": t.threads, "entry": t.entry})
+                        "threads": t.threads, "entry": t.entry, "ns_tid": t.ns_tid})
     return {"duration_ns": meta.duration_ns, "mode": meta.mode, "frequency_hz": meta.frequency_hz,
             "on_cpu_measure": "switch timestamps" if meta.exact_on_cpu else "samples",
             "python_version": meta.python_version, "target": meta.target,
-            "drops": dict(meta.drops), "drops_ns": dict(meta.drops_ns), "threads": threads}
+            "drops": dict(meta.drops), "drops_ns": dict(meta.drops_ns), "threads": threads,
+            "ns_pids": {str(p): n for p, n in sorted(profile.ns_ids.items())
+                        if p in profile.processes}}
 
 
 def _group_tid(profile: Profile, pid: int, root: str) -> int:
