@@ -76,10 +76,13 @@ def debian_python(minor: str):
 
 class Interpreter:
     """One entry of the CPython matrix: a label, the minor version it must be,
-    and where it is found."""
+    and where it is found. `chroot` is the root it runs in (None: the host);
+    `inner` is then its path as seen inside that root, and path() the path the
+    host sees (for reading its ELF file, not for running it)."""
 
-    def __init__(self, label, minor, find):
+    def __init__(self, label, minor, find, chroot=None, inner=None):
         self.label, self.minor, self._find = label, minor, find
+        self.chroot, self.inner = chroot, inner
 
     def path(self):
         return self._find()
@@ -105,17 +108,102 @@ CPYTHON_MATRIX = [
 INTERPRETERS = {i.label: i for i in CPYTHON_MATRIX}
 MATRIX_LABELS = [i.label for i in CPYTHON_MATRIX]
 
+# The interpreters that run only inside the Debian testing root that
+# tools/build-chroot.sh builds (`make test` runs it): their glibc (2.43) is newer
+# than the host's. They are kept out of CPYTHON_MATRIX / INTERPRETERS /
+# MATRIX_LABELS, whose tests launch the interpreter directly on the host and
+# assume labels ending in "-X.Y"; python_or_skip() knows both lists.
+CHROOT = os.path.realpath(os.environ.get("PYOFFCPU_CHROOT", "/var/cache/pyoffcpu/chroot/forky"))
+CHROOT_WORKLOADS = "/work/pyoffcpu-workloads"     # tests/workloads, copied there (chroot_workloads)
+
+
+def chroot_python(inner):
+    """The host-visible path of the interpreter `inner` (a path inside CHROOT), or None."""
+    exe = CHROOT + inner
+    return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None
+
+
+def _in_chroot(label, minor, inner):
+    return Interpreter(label, minor, lambda: chroot_python(inner), chroot=CHROOT, inner=inner)
+
+
+CHROOT_MATRIX = [
+    _in_chroot("debian-3.14", (3, 14), "/usr/bin/python3.14"),     # static, non-PIE, stripped
+    _in_chroot("debian-3.14d", (3, 14), "/usr/bin/python3.14d"),   # python3.14-dbg: static too
+    _in_chroot("ft-3.13t", (3, 13), "/opt/python3.13t/bin/python3.13t"),  # --disable-gil, shared
+]
+CHROOT_INTERPRETERS = {i.label: i for i in CHROOT_MATRIX}
+CHROOT_LABELS = [i.label for i in CHROOT_MATRIX]
+
+
+def chroot_cmd(label, *args, proc=False):
+    """argv running the chroot interpreter `label` inside its root with `args`.
+    The interpreters start without /proc in the root; proc=True mounts it, in a
+    private mount namespace that vanishes with the process (nothing to unmount).
+    Either way unshare/sh/chroot exec each other: Popen(...).pid is the
+    interpreter's host PID."""
+    interp = CHROOT_INTERPRETERS[label]
+    if not proc:
+        return ["chroot", interp.chroot, interp.inner, *map(str, args)]
+    return ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+            'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"',
+            interp.chroot, interp.inner, *map(str, args)]
+
+
+def chroot_ns_cmd(label, *args):
+    """argv running the chroot interpreter `label` as PID 1 of a PID namespace
+    of its own, with its own /proc (a container as the host sees one):
+    unshare forks, so the interpreter is the child of Popen(...).pid;
+    NsWorkload finds it."""
+    interp = CHROOT_INTERPRETERS[label]
+    return ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
+            "/bin/sh", "-c",
+            'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"',
+            interp.chroot, interp.inner, *map(str, args)]
+
+
+def ns_to_host_tids(pid):
+    """{id inside its PID namespace: host id} of every thread of host process `pid`."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    out[int(line.split()[-1])] = int(tid)
+    return out
+
+
+_chroot_workloads_copied = set()
+
+
+def chroot_workloads(root=CHROOT):
+    """Copies tests/workloads to ROOT/work/pyoffcpu-workloads (once per test
+    session, replacing an older copy) and returns that directory as seen inside
+    the root, CHROOT_WORKLOADS. A copy, not a bind mount: nothing is left
+    mounted when a session dies, and the directory is small."""
+    import shutil
+    if root not in _chroot_workloads_copied:
+        dest = root + CHROOT_WORKLOADS
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(WORKLOADS, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        _chroot_workloads_copied.add(root)
+    return CHROOT_WORKLOADS
+
 # The interpreters issue 2 names: pyenv's (shared libpython) and Debian's (static).
 PYTHONS = {label: INTERPRETERS[label].path for label in ("pyenv-3.11", "debian-3.11")}
 
 
 def python_or_skip(label):
     """The path of a matrix interpreter. Missing: a skip, or under
-    PYOFFCPU_REQUIRE_BPF=1 a failure (the matrix never shrinks silently)."""
-    interp = INTERPRETERS[label]
+    PYOFFCPU_REQUIRE_BPF=1 a failure (the matrix never shrinks silently).
+    For a CHROOT_LABELS one, the path the host sees: read its ELF file from
+    there, run it with chroot_cmd()."""
+    interp = INTERPRETERS[label] if label in INTERPRETERS else CHROOT_INTERPRETERS[label]
     path = interp.path()
     if not path:
         msg = f"{label} not installed (the CPython matrix in tests/conftest.py needs it)"
+        if interp.chroot:
+            msg += f"; tools/build-chroot.sh builds it in {interp.chroot}"
         if REQUIRE_BPF:
             pytest.fail(msg)
         pytest.skip(msg)
@@ -135,9 +223,13 @@ def env():
 class Workload:
     """A workload process that prints `ready` once set up."""
 
-    def __init__(self, python, script, *args):
-        self.proc = subprocess.Popen([python, os.path.join(WORKLOADS, script), *map(str, args)],
-                                     stdout=subprocess.PIPE, text=True)
+    def __init__(self, python, script, *args, argv=None):
+        """Runs `python WORKLOADS/script args`, or `argv` as given (a chroot
+        interpreter: chroot_cmd / chroot_ns_cmd)."""
+        if argv is None:
+            argv = [python, os.path.join(WORKLOADS, script), *map(str, args)]
+        self.script = script
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         self.lines = []
         while True:
             line = self.proc.stdout.readline()
@@ -152,10 +244,29 @@ class Workload:
     def pid(self):
         return self.proc.pid
 
+    def host_ids(self):
+        """Identity, for a workload in the host's PID namespace."""
+        return lambda tid: tid
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+
+
+class NsWorkload(Workload):
+    """A Workload started by chroot_ns_cmd: `pid` is the interpreter's host
+    PID (unshare's child) and host_ids() maps the ids it prints (its
+    namespace's) to the host's."""
+
+    @property
+    def pid(self):
+        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+            return int(f.read().split()[0])
+
+    def host_ids(self):
+        table = ns_to_host_tids(self.pid)
+        return lambda tid: table[tid]
 
 
 def run_pyoffcpu(*args, timeout=120):

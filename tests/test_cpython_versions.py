@@ -24,8 +24,9 @@ import subprocess
 
 import pytest
 
-from conftest import (CPYTHON_MATRIX, INTERPRETERS, MATRIX_LABELS, WORKLOADS, Workload, env,
-                      pyoffcpu_cmd, python_or_skip, wait_for_recording)
+from conftest import (CHROOT_INTERPRETERS, CHROOT_LABELS, CPYTHON_MATRIX, INTERPRETERS,
+                      MATRIX_LABELS, WORKLOADS, NsWorkload, Workload, chroot_cmd, chroot_ns_cmd,
+                      chroot_workloads, env, pyoffcpu_cmd, python_or_skip, wait_for_recording)
 from pyoffcpu.cpython.detect import SUPPORTED
 from pyoffcpu.profile import TRUNCATED, FrameKind, from_folded
 
@@ -48,10 +49,13 @@ L = _markers(WORKLOAD)
 LS = _markers(SUBCASE)
 
 
-def _expected(minor):
+def _expected(minor, wdir=WORKLOADS):
     """case -> (entry frame, frames from the entry down to the leaf or None,
-    innermost frames when the middle varies (asyncio's loop))."""
-    def fr(qualname, tag, file=WORKLOAD, lines=L):
+    innermost frames when the middle varies (asyncio's loop)); `wdir`: the
+    workloads directory as the target sees it (another inside a chroot)."""
+    workload, subcase = os.path.join(wdir, "known_stacks.py"), os.path.join(wdir, "subinterp_case.py")
+
+    def fr(qualname, tag, file=workload, lines=L):
         name = qualname if minor >= (3, 11) else qualname.rsplit(".", 1)[-1]
         return (name, file, lines[tag])
     burn = fr("burn", "burn")
@@ -65,9 +69,9 @@ def _expected(minor):
         "init": [fr("case_init", "case_init"), fr("Klass.__init__", "init"), burn],
         "lock": [fr("case_lock", "case_lock"), fr("wait_lock", "acquire")],
         "late": [fr("case_late", "case_late"), burn],
-        "subinterp": [("<module>", "<string>", 1),
-                      fr("sub_case", "sub_case", SUBCASE, LS),
-                      fr("sub_burn", "sub_burn", SUBCASE, LS)],
+        "subinterp": [("<module>", "<script>" if minor >= (3, 14) else "<string>", 1),
+                      fr("sub_case", "sub_case", subcase, LS),
+                      fr("sub_burn", "sub_burn", subcase, LS)],
     }
 
 
@@ -104,9 +108,22 @@ def _share(prof, tid, want, off_cpu=None):
 
 
 class Run:
-    def __init__(self, label, python, minor, version, workload, tids, prof, stderr):
+    def __init__(self, label, python, minor, version, workload, tids, prof, stderr,
+                 wdir=WORKLOADS, root=""):
         self.label, self.python, self.minor, self.version = label, python, minor, version
         self.workload, self.tids, self.prof, self.stderr = workload, tids, prof, stderr
+        self.wdir, self.root = wdir, root           # as the target sees them; root "" = the host
+
+    def expected(self, case):
+        return _expected(self.minor, self.wdir)[case]
+
+
+# Every interpreter of the matrix, the chroot's (Debian testing's 3.14 and
+# 3.14d, a free-threaded 3.13t: tools/build-chroot.sh), and Debian's 3.14 once
+# more as a container: in PID and mount namespaces of its own, where the ids it
+# sees are not the host's.
+NS_LABEL = "debian-3.14-ns"
+RUN_LABELS = MATRIX_LABELS + CHROOT_LABELS + [NS_LABEL]
 
 
 def test_matrix_names_every_supported_minor():
@@ -121,26 +138,47 @@ def test_matrix_names_every_supported_minor():
         assert i.label.endswith("-%d.%d" % i.minor), i.label
 
 
-@pytest.fixture(scope="module", params=MATRIX_LABELS)
+@pytest.fixture(scope="module", params=RUN_LABELS)
 def run(request, tmp_path_factory, bpf):
     label = request.param
-    python = python_or_skip(label)
-    version = subprocess.run([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    base = "debian-3.14" if label == NS_LABEL else label
+    python = python_or_skip(base)
+    probe = ["-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"]
+    interp = CHROOT_INTERPRETERS.get(base)
+    if interp is None:
+        wdir, root = WORKLOADS, ""
+        version_argv = [python, *probe]
+        start = lambda: Workload(python, "known_stacks.py", 60)      # noqa: E731
+    else:
+        wdir, root = chroot_workloads(), interp.chroot
+        version_argv = chroot_cmd(base, *probe)
+        script = os.path.join(wdir, "known_stacks.py")
+        if label == NS_LABEL:
+            start = lambda: NsWorkload(None, "known_stacks.py",           # noqa: E731
+                                       argv=chroot_ns_cmd(base, script, 60))
+        else:
+            start = lambda: Workload(None, "known_stacks.py",             # noqa: E731
+                                     argv=chroot_cmd(base, script, 60))
+    version = subprocess.run(version_argv, capture_output=True, text=True,
+                             check=True).stdout.strip()
     minor = tuple(int(x) for x in version.split(".")[:2])
-    assert minor == INTERPRETERS[label].minor, (label, python, version)
+    want_minor = (interp or INTERPRETERS[base]).minor
+    assert minor == want_minor, (label, python, version)
     out = tmp_path_factory.mktemp("versions") / (label + ".folded")
-    w = Workload(python, "known_stacks.py", 60)
+    w = start()
     try:
-        tids = {line.split()[1]: int(line.split()[2]) for line in w.lines if line.startswith("tid ")}
-        proc = subprocess.Popen(pyoffcpu_cmd("-o", str(out), "-p", str(w.pid), "-d", str(DURATION),
+        pid = w.pid
+        host = w.host_ids()
+        tids = {line.split()[1]: host(int(line.split()[2]))
+                for line in w.lines if line.startswith("tid ")}
+        proc = subprocess.Popen(pyoffcpu_cmd("-o", str(out), "-p", str(pid), "-d", str(DURATION),
                                              "-F", str(FREQUENCY), "--full-paths"),
                                 env=env(), stderr=subprocess.PIPE, text=True)
         try:
             wait_for_recording(proc)
-            os.kill(w.pid, signal.SIGUSR1)              # the late thread starts now
+            os.kill(pid, signal.SIGUSR1)              # the late thread starts now
             line = w.proc.stdout.readline().split()
-            tids[line[1]] = int(line[2])
+            tids[line[1]] = w.host_ids()(int(line[2]))
             stderr = proc.stderr.read()
             assert proc.wait(timeout=60) == 0, stderr
         finally:
@@ -148,14 +186,17 @@ def run(request, tmp_path_factory, bpf):
                 proc.kill()
     finally:
         w.stop()
-    return Run(label, python, minor, version, w, tids, from_folded(out.read_text()), stderr)
+    r = Run(label, python, minor, version, w, tids, from_folded(out.read_text()), stderr,
+            wdir, root)
+    r.pid = pid
+    return r
 
 
 CASES = ["nested", "async", "init", "late"]
 
 
 def _check_exact(run, case):
-    want = _expected(run.minor)[case]
+    want = run.expected(case)
     exact, inside = _share(run.prof, run.tids[case], want)
     assert inside > (0.3e9 if case == "late" else 0.5e9), (case, inside, run.stderr)
     share = exact / inside
@@ -197,7 +238,7 @@ def test_blocked_thread_has_its_python_stack_off_cpu(run):
     """lock.acquire releases the GIL: the stack comes from the thread's gilstate
     binding, which outlives the GIL (3.12+ clear _Py_tss_tstate then)."""
     tid = run.tids["lock"]
-    want = _expected(run.minor)["lock"]
+    want = run.expected("lock")
     exact, inside = _share(run.prof, tid, want, off_cpu=True)
     off = run.prof.total_ns(tid=tid, on_cpu=False)
     print("\n%s lock: %.2f%% of %.2f s off-CPU exact" % (run.label, 100 * exact / max(inside, 1),
@@ -215,13 +256,14 @@ def test_deep_recursion_is_truncated_not_lost(run):
         if key.tid != tid:
             continue
         frames = _py(key)
-        leaf = [("burn", WORKLOAD, L["burn"]), ("recurse", WORKLOAD, L["recurse_leaf"])]
+        workload = os.path.join(run.wdir, "known_stacks.py")
+        leaf = [("burn", workload, L["burn"]), ("recurse", workload, L["recurse_leaf"])]
         if (key.frames and key.frames[0] == TRUNCATED and len(frames) >= 100
                 and frames[::-1][:2] == leaf
-                and all(f == ("recurse", WORKLOAD, L["recurse"]) for f in frames[:-2])):
+                and all(f == ("recurse", workload, L["recurse"]) for f in frames[:-2])):
             kept += ns
     print("\n%s recurse: %.2f%% truncated and exact" % (run.label, 100 * kept / total))
-    assert kept >= THRESHOLD * total, _worst(run.prof, tid, [("recurse", WORKLOAD, L["recurse"])])
+    assert kept >= THRESHOLD * total, _worst(run.prof, tid, [("recurse", workload, L["recurse"])])
 
 
 def test_no_garbage_frames(run):
@@ -230,15 +272,38 @@ def test_no_garbage_frames(run):
             if f.kind is not FrameKind.PYTHON:
                 continue
             assert not f.name.startswith("[unknown code"), key
-            assert f.file.startswith("<") or os.path.isfile(f.file), f
+            assert f.file.startswith("<") or os.path.isfile(run.root + f.file), f
             # 3.13's _Py_InitCleanup shim is hidden (incomplete frame), 3.12's
             # trampoline (a real code object) too
             assert (f.name, f.file) != ("__init__", "__init__"), key
             assert f.file != "<shim>" and f.name != "<interpreter trampoline>", key
 
 
+BUILD_KIND = {"debian-3.14d": " debug", "ft-3.13t": " free-threaded"}
+
+
 def test_version_and_no_layout_notice(run):
-    assert "CPython %s" % run.version in run.stderr, run.stderr
+    """The version and the build kind come from the binary and the target's
+    _Py_DebugOffsets: Debian's release 3.14 is not taken for a debug build."""
+    kind = BUILD_KIND.get(run.label, "")
+    assert "CPython %s%s" % (run.version, kind) in run.stderr, run.stderr
+    if not kind:
+        assert "CPython %s debug" % run.version not in run.stderr, run.stderr
+        assert "CPython %s free-threaded" % run.version not in run.stderr, run.stderr
+    assert "native stacks only" not in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
     assert "differ from the offsets table" not in run.stderr, run.stderr
     assert "autoTSSkey is" not in run.stderr, run.stderr
+
+
+def test_container_ids_next_to_the_host_ids(run):
+    """In its own PID namespace the interpreter is PID 1 there: the roots
+    keep the host's ids (what -p takes) and show the namespace's beside them."""
+    pid = run.pid
+    if run.label != NS_LABEL:
+        assert run.prof.ns_ids == {}, run.prof.ns_ids
+        return
+    assert run.prof.ns_ids.get(pid) == 1, run.prof.ns_ids
+    for case, tid in run.tids.items():
+        assert tid in run.prof.threads, (case, tid)
+        assert run.prof.ns_ids.get(tid, 0) not in (0, tid), (case, tid, run.prof.ns_ids)

@@ -717,6 +717,10 @@ class Session:
             stacks = {}
             if tgt.python is not None and tgt.reader is not None:
                 stacks = walker.all_thread_stacks(tgt.python)
+                if pid in self.rec.ns_ids:
+                    # CPython keeps the ids its own PID namespace gave the threads
+                    host = {ns_id(f"/proc/{pid}/task/{t}/status", -1): t for t in tids}
+                    stacks = {host[t]: st for t, st in stacks.items() if t in host}
             for tid in tids:
                 frames, truncated = stacks.get(tid, ([], False))
                 pyhash = 0
