@@ -8,8 +8,9 @@ import subprocess
 
 import pytest
 
-from conftest import (PYTHONS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip, source_line,
-                      record_folded, run_pyoffcpu, wait_for_recording)
+from conftest import (CHROOT_LABELS, PYTHONS, WORKLOADS, Workload, chroot_cmd, chroot_workloads,
+                      env, pyoffcpu_cmd, python_or_skip, record_folded, run_pyoffcpu, source_line,
+                      wait_for_recording)
 from pyoffcpu.profile import FrameKind, from_folded
 
 DURATION = 5.0
@@ -33,11 +34,16 @@ def main_line(key):
     return None
 
 
-@pytest.fixture(scope="module", params=sorted(PYTHONS))
+# issue 2's two 3.11 builds, and Debian testing's static 3.14 in its chroot
+@pytest.fixture(scope="module", params=sorted(PYTHONS) + ["debian-3.14"])
 def wall_recording(request, tmp_path_factory, bpf):
     python = python_or_skip(request.param)
     # the workload outlives any start-up time of pyoffcpu; it is killed after
-    w = Workload(python, "split.py", DURATION + 60)
+    if request.param in CHROOT_LABELS:
+        script = os.path.join(chroot_workloads(), "split.py")
+        w = Workload(None, "split.py", argv=chroot_cmd(request.param, script, DURATION + 60))
+    else:
+        w = Workload(python, "split.py", DURATION + 60)
     try:
         res, prof = record_folded(tmp_path_factory.mktemp("wall"), "-p", str(w.pid), "-d", str(DURATION))
     finally:
