@@ -429,3 +429,251 @@ def test_pyruntime_shared_libpython():
 
     module = _pyruntime_check(exe, libpython)
     assert "libpython3.12" in module
+
+
+# ---------------------------------------------------------------------------
+# Debug files: $PYOFFCPU_DEBUG_DIRS, and the target's own root first.
+# ---------------------------------------------------------------------------
+from pyoffcpu.symbols import (  # noqa: E402
+    DEBUG_DIRS_ENV, DEFAULT_DEBUG_DIRS, ModuleSymbols, _debug_candidates,
+    _open_image, debug_dirs_from_env, target_root,
+)
+
+ROOTED_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((noinline, noclone)) static int rooted_helper(int x) {
+    volatile int s = x;
+    for (int i = 0; i < x; i++) s = s * 3 + i;
+    return s;
+}
+int main(void) {
+    printf("%p %d\n", (void *)rooted_helper, rooted_helper(3));
+    fflush(stdout);
+    sleep(60);
+    return 0;
+}
+"""
+
+DECOY_C = r"""
+__attribute__((noinline)) int decoy_one(int x) { return x * 7; }
+__attribute__((noinline)) int decoy_two(int x) { return decoy_one(x) + 1; }
+int main(void) { return decoy_two(1); }
+"""
+
+
+def _readelf_build_id(path):
+    out = subprocess.run(["readelf", "-n", str(path)], check=True, capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        if "Build ID:" in line:
+            return line.split("Build ID:")[1].strip()
+    return None
+
+
+@pytest.fixture(scope="module")
+def rooted(tmp_path_factory):
+    """A stripped program with its debug file, and a fake root for it.
+
+    root/opt/app/prog    the stripped program as a container would hold it
+    DBG                  the host's debug directory (a temp dir standing for
+                         /usr/lib/debug); root + DBG is the container's own
+    prog_nobid           the same program with no build-id and a
+                         .gnu_debuglink, and a decoy debug file on the host
+                         (another program's) under the debuglink name"""
+    if not all(shutil.which(t) for t in ("gcc", "objcopy", "strip", "readelf")):
+        pytest.skip("needs gcc and binutils")
+    d = tmp_path_factory.mktemp("rooted")
+    (d / "rooted.c").write_text(ROOTED_C)
+    (d / "decoy.c").write_text(DECOY_C)
+    _run(["gcc", "-O2", "-g", "-fPIE", "-pie", "-Wl,--build-id", "-o", d / "prog", d / "rooted.c"])
+    _run(["gcc", "-O2", "-g", "-fPIE", "-pie", "-Wl,--build-id=none", "-o", d / "prog_nobid",
+          d / "rooted.c"])
+    _run(["gcc", "-O2", "-g", "-Wl,--build-id=none", "-o", d / "decoy", d / "decoy.c"])
+    for name in ("prog", "prog_nobid", "decoy"):
+        _run(["objcopy", "--only-keep-debug", d / name, d / (name + ".debug")])
+    helper = dict((n, s) for s, _e, n in ElfSymbols(str(d / "prog")).symbols())["rooted_helper"]
+    helper_nobid = dict((n, s) for s, _e, n in
+                        ElfSymbols(str(d / "prog_nobid")).symbols())["rooted_helper"]
+    root = d / "root"
+    app = root / "opt" / "app"
+    app.mkdir(parents=True)
+    shutil.copy(d / "prog", app / "prog")
+    _run(["strip", "--strip-all", app / "prog"])
+    bid = _readelf_build_id(app / "prog")
+    assert bid and len(bid) == 40
+    dbg = d / "dbg"                                   # the host's debug dir
+    rel = os.path.join(".build-id", bid[:2], bid[2:] + ".debug")
+    for base in (dbg, root / str(dbg).lstrip("/")):   # the host's, the root's
+        (base / rel).parent.mkdir(parents=True)
+        shutil.copy(d / "prog.debug", base / rel)
+    # debuglink only: the real debug file inside the root, a decoy on the host
+    shutil.copy(d / "prog_nobid", app / "prog_nobid")
+    _run(["strip", "--strip-all", app / "prog_nobid"])
+    shutil.copy(d / "prog_nobid.debug", d / "linkname.debug")
+    _run(["objcopy", f"--add-gnu-debuglink={d / 'linkname.debug'}", app / "prog_nobid"])
+    for base, src in ((root / str(dbg).lstrip("/"), "prog_nobid.debug"), (dbg, "decoy.debug")):
+        target = base / "opt" / "app" / "linkname.debug"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(d / src, target)
+    (d / "empty").mkdir()
+    # a static build that runs inside the root (chroot), its debug file only there
+    static_bid = None
+    if subprocess.run(["gcc", "-O2", "-g", "-static", "-Wl,--build-id", "-o", d / "sprog",
+                       d / "rooted.c"], capture_output=True).returncode == 0:
+        _run(["objcopy", "--only-keep-debug", d / "sprog", d / "sprog.debug"])
+        shutil.copy(d / "sprog", app / "sprog")
+        _run(["strip", "--strip-all", app / "sprog"])
+        static_bid = _readelf_build_id(app / "sprog")
+        srel = os.path.join(".build-id", static_bid[:2], static_bid[2:] + ".debug")
+        (root / str(dbg).lstrip("/") / srel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(d / "sprog.debug", root / str(dbg).lstrip("/") / srel)
+    return {"d": d, "root": str(root), "dbg": str(dbg), "bid": bid, "rel": rel,
+            "helper": helper, "helper_nobid": helper_nobid, "static_bid": static_bid}
+
+
+def test_debug_dirs_from_env(monkeypatch):
+    assert debug_dirs_from_env({}) == DEFAULT_DEBUG_DIRS == ("/usr/lib/debug",)
+    assert debug_dirs_from_env({DEBUG_DIRS_ENV: "/a:relative::/b/"}) == ("/a", "/b")
+    assert debug_dirs_from_env({DEBUG_DIRS_ENV: ""}) == ()
+    monkeypatch.setenv(DEBUG_DIRS_ENV, "/nonexistent/debug")
+    assert Symbolizer().debug_dirs == ("/nonexistent/debug",)
+    assert Symbolizer(debug_dirs=["/x"]).debug_dirs == ("/x",)
+    monkeypatch.delenv(DEBUG_DIRS_ENV)
+    assert Symbolizer().debug_dirs == DEFAULT_DEBUG_DIRS
+
+
+def test_debug_candidates_look_inside_the_root_first(rooted):
+    root, dbg = rooted["root"], rooted["dbg"]
+    path = os.path.join(root, "opt/app/prog_nobid")
+    image = _open_image(path)
+    assert image.build_id is None and image.debuglink == "linkname.debug"
+    cands = _debug_candidates(path, image, [dbg], "/opt/app/prog_nobid", root=root)
+    inside = [c for c in cands if c.startswith(root + "/")]
+    # every candidate inside the root comes before every one on the host
+    assert inside and cands[:len(inside)] == inside, cands
+    assert os.path.join(root, dbg.lstrip("/"), "opt/app/linkname.debug") in inside
+    assert os.path.join(dbg, "opt/app/linkname.debug") in cands[len(inside):]
+    assert len(cands) == len(set(cands))
+    # our own root: no prefix at all
+    assert not any(c.startswith(root + dbg) for c in
+                   _debug_candidates(path, image, [dbg], "/opt/app/prog_nobid", root="/"))
+    bimage = _open_image(os.path.join(root, "opt/app/prog"))
+    bc = _debug_candidates(os.path.join(root, "opt/app/prog"), bimage, [dbg], "/opt/app/prog",
+                           root=root)
+    assert bc[0] == os.path.join(root, dbg.lstrip("/"), rooted["rel"])
+    assert os.path.join(dbg, rooted["rel"]) in bc
+
+
+def test_build_id_debug_file_inside_the_root_wins(rooted):
+    root, dbg, rel = rooted["root"], rooted["dbg"], rooted["rel"]
+    path = os.path.join(root, "opt/app/prog")
+    in_root = os.path.join(root, dbg.lstrip("/"), rel)
+    elf = ElfSymbols(path, [dbg], "/opt/app/prog", root=root)
+    assert elf.debug_file == in_root
+    assert elf.lookup(rooted["helper"])[0] == "rooted_helper"
+    # the host's copy, for a process in our root
+    host = ElfSymbols(path, [dbg], "/opt/app/prog")
+    assert host.debug_file == os.path.join(dbg, rel)
+    # neither: the static function has no name
+    bare = ElfSymbols(path, [str(rooted["d"] / "empty")], "/opt/app/prog",
+                      root=str(rooted["d"] / "empty"))
+    assert bare.debug_file is None and not bare.has_symtab
+    assert bare.lookup(rooted["helper"]) is None or \
+        bare.lookup(rooted["helper"])[0] != "rooted_helper"
+
+
+def test_debuglink_inside_the_root_before_the_hosts_decoy(rooted):
+    root, dbg = rooted["root"], rooted["dbg"]
+    path = os.path.join(root, "opt/app/prog_nobid")
+    elf = ElfSymbols(path, [dbg], "/opt/app/prog_nobid", root=root)
+    assert elf.debug_file == os.path.join(root, dbg.lstrip("/"), "opt/app/linkname.debug")
+    assert elf.lookup(rooted["helper_nobid"])[0] == "rooted_helper"
+    # without the root the host's decoy (another program's symbols) is taken
+    decoyed = ElfSymbols(path, [dbg], "/opt/app/prog_nobid")
+    assert decoyed.debug_file == os.path.join(dbg, "opt/app/linkname.debug")
+    hit = decoyed.lookup(rooted["helper_nobid"])
+    assert hit is None or hit[0] != "rooted_helper"
+
+
+def test_symbolizer_uses_the_process_root_and_reports_modules(rooted):
+    """A live process of the stripped program: with its root set to the
+    fake root the static function is named from the root's debug file, and
+    module_symbols() says what was found; with an empty debug dir it is
+    [unknown] and module_symbols() says it has no symbols."""
+    d = rooted["d"]
+    exe = os.path.join(rooted["root"], "opt/app/prog")
+    p = subprocess.Popen([exe], stdout=subprocess.PIPE, text=True)
+    try:
+        addr = int(p.stdout.readline().split()[0], 16)
+        space = AddressSpace.of_process(p.pid)
+        sym = Symbolizer(debug_dirs=[rooted["dbg"]])
+        sym.roots[p.pid] = rooted["root"]   # as if /proc/PID/root were the fake root
+        r = sym.resolve_user(p.pid, addr, space)
+        assert sym.frame_name(r) == "rooted_helper"
+        info = sym.module_symbols()[(p.pid, exe)]
+        assert isinstance(info, ModuleSymbols) and info.has_symbols and not info.has_symtab
+        assert info.debug_file.startswith(rooted["root"] + "/")
+        assert info.build_id == rooted["bid"] and info.root == rooted["root"]
+
+        bare = Symbolizer(debug_dirs=[str(d / "empty")])
+        name = bare.frame_name(bare.resolve_user(p.pid, addr, space))
+        assert name.startswith("[unknown] prog+0x"), name
+        info = bare.module_symbols()[(p.pid, exe)]
+        assert not info.has_symbols and info.root is None
+        assert info.build_id_path() == os.path.join(str(d / "empty"), rooted["rel"])
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+
+
+def test_chroot_process_gets_names_from_the_debug_file_in_its_root(rooted):
+    """A real chroot: /proc/PID/maps names the file by our path (under the
+    chroot directory); the debug file exists only inside the root, under the
+    debug directory's path there."""
+    if os.geteuid() != 0 or not shutil.which("chroot"):
+        pytest.skip("needs root and chroot")
+    if rooted["static_bid"] is None:
+        pytest.skip("no static libc to build a program that runs in an empty root")
+    root = rooted["root"]
+    p = subprocess.Popen(["chroot", root, "/opt/app/sprog"], stdout=subprocess.PIPE, text=True)
+    try:
+        addr = int(p.stdout.readline().split()[0], 16)
+        assert target_root(p.pid) == os.path.realpath(root)
+        space = AddressSpace.of_process(p.pid)
+        assert space.root == os.path.realpath(root)
+        sym = Symbolizer(debug_dirs=[rooted["dbg"]])
+        assert sym.frame_name(sym.resolve_user(p.pid, addr, space)) == "rooted_helper"
+        info = sym.module_symbols()[(p.pid, os.path.join(root, "opt/app/sprog"))]
+        assert info.target_path == "/opt/app/sprog"
+        assert info.debug_file == os.path.join(
+            os.path.realpath(root), rooted["dbg"].lstrip("/"), ".build-id",
+            rooted["static_bid"][:2], rooted["static_bid"][2:] + ".debug")
+        # the same process looked at as if it were in our root: no debug file
+        host = Symbolizer(debug_dirs=[rooted["dbg"]])
+        host.roots[p.pid] = None
+        name = host.frame_name(host.resolve_user(p.pid, addr, space))
+        assert name.startswith("[unknown] sprog+0x"), name
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+
+
+def test_target_root():
+    assert target_root(os.getpid()) is None
+    assert target_root(2 ** 22 + 12345) is None          # no such process
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare")
+    p = subprocess.Popen(["unshare", "--mount", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if os.readlink(f"/proc/{p.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
+                break
+            time.sleep(0.01)
+        assert target_root(p.pid) == f"/proc/{p.pid}/root"
+    finally:
+        p.kill()
+        p.wait()

@@ -270,4 +270,5 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
     meta.exact_on_cpu = rec.exact_on_cpu
     meta.duration_ns = rec.duration_ns
     meta.drops_ns = dict(rec.drops_ns)
+    meta.native_modules = getattr(symbolizer, "module_symbols", dict)()
     return prof, merger.stats

@@ -11,7 +11,7 @@ import enum
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 
 class FrameKind(enum.Enum):
@@ -100,6 +100,9 @@ class Metadata:
     notices: List[str] = field(default_factory=list)
     duration_ns: int = 0
     exact_on_cpu: bool = False        # on-CPU per thread from switch times (wall mode)
+    # (pid, object path as the process maps it) -> symbols.ModuleSymbols: what
+    # the symbolizer found for it (symbols, build-id); the summary reads it
+    native_modules: Dict[Tuple[int, str], Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,8 +1,13 @@
 """The short text summary printed after a recording: per-thread on/off-CPU
-time and the top functions by wall time."""
+time, the top functions by wall time, and what would name the native frames
+of objects that have no symbols."""
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import os
+import re
+import shutil
+import subprocess
+from typing import Dict, List, Optional, Tuple
 
 from .profile import FrameKind, PathShortener, Profile
 
@@ -53,6 +58,135 @@ def top_functions(prof: Profile, n: int = 10) -> List[Tuple[str, int, int]]:
     return rows[:n]
 
 
+# A module earns its line when its nameless frames (`[unknown] module+0x...`)
+# sit in stacks holding at least this share of all the profile's time: the
+# width of those boxes in the flame graph.  Below 5% they are narrow enough
+# not to change where a reader sees the time go, and the line asks for a
+# package install, so it is kept for what matters; at 5% even a short
+# recording has several samples or a long wait behind it, not one stray PC.
+UNNAMED_SHARE = 0.05
+UNNAMED_LINES = 5           # modules named at most (busiest first)
+
+# Debian binary packages whose debug files ship in a `-dbg` package of the
+# main archive; everything else has `<package>-dbgsym` in the debug archive.
+_PYTHON_PKG = re.compile(r"(?:lib)?python(3\.\d+)(?:-minimal|-stdlib)?")
+_DBG_PACKAGES = {"libc6": "libc6-dbg"}
+_DPKG_TIMEOUT_S = 5
+
+
+def unnamed_modules(prof: Profile, share: float = UNNAMED_SHARE
+                    ) -> List[Tuple[object, int]]:
+    """(symbols.ModuleSymbols, ns) of every mapped object without symbols
+    whose `[unknown]` frames are in stacks holding at least ``share`` of the
+    profile's time (a stack counts once per object), busiest first.  Objects
+    are told apart by build-id (the same file mapped by several processes is
+    one), and only those the symbolizer read are considered."""
+    mods = prof.meta.native_modules
+    total = prof.total_ns()
+    if not mods or total <= 0:
+        return []
+    acc: Dict[tuple, List] = {}
+    for key, ns in prof.weights.items():
+        seen = set()
+        for fr in key.frames:
+            if (fr.kind is not FrameKind.NATIVE or not fr.module
+                    or not fr.name.startswith("[unknown] ")):
+                continue
+            info = mods.get((key.pid, fr.module))
+            if info is None or info.file is None or info.has_symbols:
+                continue
+            group = (("id", info.build_id, info.root is None) if info.build_id
+                     else ("path", key.pid, info.path))
+            if group in seen:
+                continue
+            seen.add(group)
+            a = acc.setdefault(group, [info, 0])
+            a[1] += ns
+    rows = [(info, ns) for info, ns in acc.values() if ns >= share * total]
+    rows.sort(key=lambda r: (-r[1], r[0].path))
+    return rows
+
+
+def _dpkg_owner(path: str, root: Optional[str]) -> Optional[str]:
+    """The Debian binary package that owns ``path`` (as its process sees
+    it): the host's package database for a process in our root, the
+    target's own (ROOT/var/lib/dpkg) for one in another; None if neither
+    knows it.  A merged /usr is tried both ways (dpkg lists /lib/... for
+    what maps show as /usr/lib/...)."""
+    exe = shutil.which("dpkg-query")
+    if exe is None:
+        return None
+    cmd = [exe]
+    if root:
+        admin = os.path.join(root, "var/lib/dpkg")
+        if not os.path.isfile(os.path.join(admin, "status")):
+            return None
+        cmd.append("--admindir=" + admin)
+    names = [path]
+    m = re.match(r"/usr(/(?:s?bin|lib[^/]*)/.*)", path)
+    if m:
+        names.append(m.group(1))
+    elif re.match(r"/(?:s?bin|lib[^/]*)/", path):
+        names.append("/usr" + path)
+    for name in names:
+        try:
+            res = subprocess.run(cmd + ["-S", name], capture_output=True, text=True,
+                                 timeout=_DPKG_TIMEOUT_S)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+        if res.returncode != 0:
+            continue
+        for line in res.stdout.splitlines():
+            owners, sep, owned = line.partition(": ")
+            if not sep or owners.startswith("diversion by") or owned.strip() != name:
+                continue
+            pkg = owners.split(",")[0].strip().split(":")[0]
+            if pkg:
+                return pkg
+    return None
+
+
+def debug_package(pkg: str) -> Tuple[str, bool]:
+    """(the package holding ``pkg``'s debug files, whether it is in Debian's
+    debug archive rather than the main one)."""
+    m = _PYTHON_PKG.fullmatch(pkg)
+    if m:
+        return f"python{m.group(1)}-dbg", False
+    if pkg in _DBG_PACKAGES:
+        return _DBG_PACKAGES[pkg], False
+    return pkg + "-dbgsym", True
+
+
+def debug_hint(info, ns: int, total_ns: int, owner=_dpkg_owner) -> str:
+    """One line: how much time ``info``'s object holds without names, and
+    the package and the build-id debug file that would name it."""
+    name = os.path.basename(info.path)
+    share = 100.0 * ns / total_ns if total_ns else 0.0
+    head = f"pyoffcpu: {share:.0f}% of the time is in {name} without symbols: "
+    inside = " in the target's root" if info.root else ""
+    pkg = owner(info.target_path, info.root)
+    bid_path = info.build_id_path()
+    if pkg:
+        dbg, debug_archive = debug_package(pkg)
+        todo = f"install {dbg}{inside}" + (" from Debian's debug archive" if debug_archive else "")
+        if bid_path:
+            todo += f" (debug file {bid_path})"
+        return head + todo
+    if bid_path:
+        return head + f"its debug file would be {bid_path}{inside} (build-id {info.build_id})"
+    return head + f"it has no build-id; profile a build of {info.target_path} that keeps its .symtab"
+
+
+def symbol_hints(prof: Profile, owner=_dpkg_owner) -> List[str]:
+    """The summary's lines about objects without symbols (see UNNAMED_SHARE)."""
+    rows = unnamed_modules(prof)
+    total = prof.total_ns()
+    out = [debug_hint(info, ns, total, owner) for info, ns in rows[:UNNAMED_LINES]]
+    if len(rows) > UNNAMED_LINES:
+        out.append(f"pyoffcpu: ... and {len(rows) - UNNAMED_LINES} more objects without symbols")
+    return out
+
+
 def render_summary(prof: Profile, top: int = 10) -> str:
     total = prof.total_ns()
     lines = []
@@ -74,4 +208,5 @@ def render_summary(prof: Profile, top: int = 10) -> str:
         lines.append(f"  where the time goes (innermost Python frame; all threads, {fmt_s(total)}):")
         for label, ns, on in top_functions(prof, top):
             lines.append(f"  {100 * ns / total:6.1f}%  {fmt_s(ns):>9}  (on-CPU {100 * on / max(ns, 1):3.0f}%)  {label}")
+    lines.extend(symbol_hints(prof))
     return "\n".join(lines)

@@ -29,12 +29,97 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 __all__ = [
-    "AddressSpace", "ElfSymbols", "KernelSymbols", "LoadSegment", "Mapping",
-    "NativeSymbol", "Symbolizer", "demangle", "find_symbol_address",
-    "read_maps", "runtime_address",
+    "AddressSpace", "DEBUG_DIRS_ENV", "ElfSymbols", "KernelSymbols",
+    "LoadSegment", "Mapping", "ModuleSymbols", "NativeSymbol", "Symbolizer",
+    "build_id_debug_path", "debug_dirs_from_env", "demangle",
+    "find_symbol_address", "path_in_root", "read_maps", "runtime_address",
+    "target_root",
 ]
 
 DEFAULT_DEBUG_DIRS = ("/usr/lib/debug",)
+# Colon-separated directories searched for separate debug files instead of
+# DEFAULT_DEBUG_DIRS (each by build-id, ``D/.build-id/ab/cdef....debug``, and
+# by debuglink, ``D/<dir of the file>/<link>``); set but empty: none.
+DEBUG_DIRS_ENV = "PYOFFCPU_DEBUG_DIRS"
+
+
+def debug_dirs_from_env(environ=None) -> tuple[str, ...]:
+    """The debug directories: $PYOFFCPU_DEBUG_DIRS, else DEFAULT_DEBUG_DIRS.
+
+    Only absolute paths count (a relative one would depend on the current
+    directory of whoever runs the symbolizer); a missing directory simply
+    holds nothing."""
+    env = os.environ if environ is None else environ
+    raw = env.get(DEBUG_DIRS_ENV)
+    if raw is None:
+        return DEFAULT_DEBUG_DIRS
+    return tuple(d.rstrip("/") or "/" for d in raw.split(":")
+                 if d.startswith("/"))
+
+
+def build_id_debug_path(build_id: str, debug_dir: str = DEFAULT_DEBUG_DIRS[0]
+                        ) -> Optional[str]:
+    """Where a debug file is looked up by GNU build-id:
+    ``<debug_dir>/.build-id/<first byte>/<the rest>.debug``."""
+    if not build_id or len(build_id) <= 2:
+        return None
+    return os.path.join(debug_dir, ".build-id", build_id[:2],
+                        build_id[2:] + ".debug")
+
+
+def _under_root(root: Optional[str], path: str) -> str:
+    """``path`` as seen from inside ``root`` (None: our own root)."""
+    if not root:
+        return path
+    return os.path.join(root, path.lstrip("/"))
+
+
+def target_root(pid: int) -> Optional[str]:
+    """The root directory of a process that sees another file system root
+    than we do, None when it shares ours or is gone.
+
+    A chroot inside our tree is returned as the directory itself (it stays
+    valid once the process has exited); another mount namespace (a
+    container) as ``/proc/PID/root``."""
+    link = f"/proc/{pid}/root"
+    try:
+        theirs = os.stat(link)
+        ours = os.stat("/")
+    except OSError:
+        return None
+    other = (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino)
+    if not other:
+        try:
+            other = os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            other = False
+        if not other:
+            return None
+        return link     # the same directory, other mounts: only through /proc
+    try:
+        real = os.path.realpath(link)
+        st = os.stat(real)
+    except OSError:
+        return link
+    if real != "/" and (st.st_dev, st.st_ino) == (theirs.st_dev, theirs.st_ino):
+        return real
+    return link
+
+
+def path_in_root(path: str, root: Optional[str]) -> str:
+    """``path`` as a process with root directory ``root`` names it.  Our
+    /proc/PID/maps shows a chroot's files by our names (under the chroot
+    directory); a container's, whose root we cannot reach, by its own."""
+    if not root:
+        return path
+    try:
+        real = os.path.realpath(root)
+    except (OSError, ValueError):
+        return path
+    real = real.rstrip("/")
+    if real and path.startswith(real + "/"):
+        return path[len(real):]
+    return path
 
 # ELF symbol types / bindings / special section indices.
 STT_NOTYPE, STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC = 0, 1, 2, 6, 10
@@ -108,6 +193,10 @@ class AddressSpace:
         self.pid = pid
         self._maps: list[Mapping] = []
         self._starts: list[int] = []
+        # The process's root when not ours (target_root), read with its
+        # first snapshot, while it is alive.
+        self.root: Optional[str] = None
+        self.root_known = False
         if maps is not None:
             self.add_snapshot(maps)
 
@@ -136,6 +225,9 @@ class AddressSpace:
             merged = sorted(kept + new, key=lambda m: m.start)
         self._maps = merged
         self._starts = [m.start for m in merged]
+        if not self.root_known and self.pid is not None:
+            self.root = target_root(self.pid)
+            self.root_known = True
 
     @property
     def mappings(self) -> list[Mapping]:
@@ -273,36 +365,54 @@ def _open_image(path: str, want_types: frozenset = _FUNC_TYPES
 
 def _debug_candidates(path: str, image: _ElfImage,
                       debug_dirs: Sequence[str],
-                      orig_path: Optional[str] = None) -> list[str]:
-    """Where a separate debug file for ``path`` may live, best first."""
-    out = []
-    bid = image.build_id
-    if bid and len(bid) > 2:
+                      orig_path: Optional[str] = None,
+                      root: Optional[str] = None) -> list[str]:
+    """Where a separate debug file for ``path`` may live, best first.
+
+    ``orig_path`` is the file's name in its process; ``root`` the process's
+    own root directory as we reach it (``/proc/PID/root``, or any directory
+    standing for it) when that is not ours: everything is looked up there
+    first (a container ships its own /usr/lib/debug), then on the host."""
+    out: list[str] = []
+    roots = [root, None] if root and os.path.normpath(root) != "/" else [None]
+    for r in roots:
+        logical = path_in_root(orig_path or path, r)
+        bid = image.build_id
         for d in debug_dirs:
-            out.append(os.path.join(d, ".build-id", bid[:2], bid[2:] + ".debug"))
-    if image.debuglink:
+            cand = build_id_debug_path(bid, d) if bid else None
+            if cand:
+                out.append(_under_root(r, cand))
+        if not image.debuglink:
+            continue
         link = image.debuglink
-        dirs = [os.path.dirname(path)]
-        if orig_path and os.path.dirname(orig_path) not in dirs:
-            dirs.append(os.path.dirname(orig_path))
+        if r is None:
+            dirs = [os.path.dirname(path)]
+            if orig_path and os.path.dirname(orig_path) not in dirs:
+                dirs.append(os.path.dirname(orig_path))
+        else:
+            dirs = [_under_root(r, os.path.dirname(logical))]
         for d in dirs:
             out.append(os.path.join(d, link))
             out.append(os.path.join(d, ".debug", link))
-        logical_dir = os.path.dirname(orig_path or path)
+        logical_dir = os.path.dirname(logical)
         for d in debug_dirs:
-            out.append(os.path.join(d, logical_dir.lstrip("/"), link))
-    return out
+            out.append(_under_root(r, os.path.join(d, logical_dir.lstrip("/"), link)))
+    seen: set[str] = set()
+    return [c for c in out if not (c in seen or seen.add(c))]
 
 
 def _load_debug_image(path: str, image: _ElfImage, debug_dirs: Sequence[str],
                       orig_path: Optional[str] = None,
-                      want_types: frozenset = _FUNC_TYPES
+                      want_types: frozenset = _FUNC_TYPES,
+                      root: Optional[str] = None
                       ) -> tuple[Optional[str], Optional[_ElfImage]]:
+    """The first candidate debug file (see ``_debug_candidates``) that has a
+    ``.symtab`` and, where both have one, the same build-id."""
     try:
         own = os.stat(path)
     except OSError:
         own = None
-    for cand in _debug_candidates(path, image, debug_dirs, orig_path):
+    for cand in _debug_candidates(path, image, debug_dirs, orig_path, root):
         try:
             st = os.stat(cand)
         except OSError:
@@ -327,10 +437,13 @@ class ElfSymbols:
     ``.gnu_debuglink``, and its ``.symtab`` is used as well.
     """
 
-    def __init__(self, path: str, debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS,
-                 orig_path: Optional[str] = None, *, _image=None):
+    def __init__(self, path: str, debug_dirs: Optional[Sequence[str]] = DEFAULT_DEBUG_DIRS,
+                 orig_path: Optional[str] = None, *, root: Optional[str] = None,
+                 _image=None):
         """``path`` is the file to read; ``orig_path`` the name it has in
-        the process (for debuglink lookups under /usr/lib/debug)."""
+        the process (for debuglink lookups under /usr/lib/debug); ``root``
+        the process's root when it is not ours (debug files are looked up
+        there first); ``debug_dirs=None``: no debug file lookup."""
         self.path = path
         self.orig_path = orig_path or path
         image = _image if _image is not None else _open_image(path)
@@ -339,11 +452,12 @@ class ElfSymbols:
         self.build_id: Optional[str] = image.build_id
         self.e_type: str = image.e_type
         self.segments: list[LoadSegment] = image.segments
+        self.has_symtab: bool = image.has_symtab
         self.debug_file: Optional[str] = None
         sources = [image]
         if not image.has_symtab and debug_dirs is not None:
             self.debug_file, dbg = _load_debug_image(
-                path, image, debug_dirs, orig_path)
+                path, image, debug_dirs, orig_path, root=root)
             if dbg is not None:
                 sources.append(dbg)
         self._build_table(sources)
@@ -435,19 +549,24 @@ class ElfSymbols:
 # Data symbols (e.g. _PyRuntime) and their runtime addresses.
 # ---------------------------------------------------------------------------
 def find_symbol_address(path: str, name: str,
-                        debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS
-                        ) -> Optional[int]:
+                        debug_dirs: Optional[Sequence[str]] = None,
+                        orig_path: Optional[str] = None,
+                        root: Optional[str] = None) -> Optional[int]:
     """ELF virtual address (st_value) of a defined function / object / TLS
     symbol called ``name`` in ``.dynsym`` or ``.symtab`` of ``path`` (or of
-    its separate debug file).  For STT_TLS the value is the offset in the
+    its separate debug file, under ``debug_dirs``, default
+    ``debug_dirs_from_env()``; inside ``root`` first, see
+    ``_debug_candidates``).  For STT_TLS the value is the offset in the
     module's TLS block."""
+    if debug_dirs is None:
+        debug_dirs = debug_dirs_from_env()
     image = _open_image(path, _ADDRESS_TYPES)
     if image is None:
         return None
     value = _symbol_value(image, name)
     if value is None and not image.has_symtab and debug_dirs:
-        _cand, dbg = _load_debug_image(path, image, debug_dirs,
-                                       want_types=_ADDRESS_TYPES)
+        _cand, dbg = _load_debug_image(path, image, debug_dirs, orig_path,
+                                       want_types=_ADDRESS_TYPES, root=root)
         if dbg is not None:
             value = _symbol_value(dbg, name)
     return value
@@ -602,17 +721,56 @@ class NativeSymbol:
         return os.path.basename(self.module) if self.module else None
 
 
+@dataclass(frozen=True)
+class ModuleSymbols:
+    """What the symbolizer found for one object file mapped by a process:
+    enough to tell a user what would name its functions."""
+
+    path: str                       # the name its mapping has in /proc/PID/maps
+    pid: int
+    root: Optional[str] = None      # the process's root when not ours (target_root)
+    target_path: str = ""           # the name inside that root (default: path)
+    file: Optional[str] = None      # the file read for it; None: unreadable
+    build_id: Optional[str] = None
+    has_symtab: bool = False        # the file itself has .symtab
+    debug_file: Optional[str] = None    # the separate debug file used
+    debug_dirs: tuple = DEFAULT_DEBUG_DIRS  # where debug files were looked for
+
+    def __post_init__(self):
+        if not self.target_path:
+            object.__setattr__(self, "target_path", path_in_root(self.path, self.root))
+
+    @property
+    def has_symbols(self) -> bool:
+        """Local (static) functions are named: .symtab here or in a debug
+        file.  .dynsym alone names only what the object exports."""
+        return self.has_symtab or self.debug_file is not None
+
+    def build_id_path(self) -> Optional[str]:
+        """The debug file by build-id, in the first debug directory, as the
+        process sees its file system."""
+        base = self.debug_dirs[0] if self.debug_dirs else DEFAULT_DEBUG_DIRS[0]
+        return build_id_debug_path(self.build_id, base) if self.build_id else None
+
+
 class Symbolizer:
     """Resolves user and kernel addresses to names, caching per file."""
 
     def __init__(self, debug_dirs: Optional[Sequence[str]] = None,
                  demangle_names: bool = True):
-        self.debug_dirs = tuple(DEFAULT_DEBUG_DIRS if debug_dirs is None
+        """``debug_dirs``: where separate debug files are looked up (default
+        ``debug_dirs_from_env()``: $PYOFFCPU_DEBUG_DIRS or /usr/lib/debug);
+        for a process with its own root, under that root first."""
+        self.debug_dirs = tuple(debug_dirs_from_env() if debug_dirs is None
                                 else debug_dirs)
         self.demangle_names = demangle_names
         self._elf_by_stat: dict[tuple, Optional[ElfSymbols]] = {}
         self._elf_by_build_id: dict[tuple, ElfSymbols] = {}
         self._elf_by_mapping: dict[tuple, Optional[ElfSymbols]] = {}
+        # pid -> its root when not ours; may be filled in by whoever saw the
+        # process alive (its /proc entry is gone once it has exited)
+        self.roots: dict[int, Optional[str]] = {}
+        self._modules: dict[tuple[int, str], ModuleSymbols] = {}
         self._spaces: dict[int, AddressSpace] = {}
         self._demangled: dict[str, str] = {}
         self._pending: set[str] = set()
@@ -635,32 +793,51 @@ class Symbolizer:
         for key in [k for k in self._elf_by_mapping if k[0] == pid]:
             del self._elf_by_mapping[key]
 
+    def root_of(self, pid: int, space: Optional[AddressSpace] = None
+                ) -> Optional[str]:
+        """The process's own root when it is not ours: as set in ``roots``,
+        else as its address space saw it while it was alive, else
+        ``target_root`` now; decided once per process."""
+        if pid not in self.roots:
+            if space is not None and space.root_known:
+                self.roots[pid] = space.root
+            else:
+                self.roots[pid] = target_root(pid)
+        return self.roots[pid]
+
+    def module_symbols(self) -> dict[tuple[int, str], ModuleSymbols]:
+        """(pid, path as the process maps it) -> what was found for every
+        file-backed object resolved so far."""
+        return dict(self._modules)
+
     # -- files ----------------------------------------------------------------
-    def elf_for_path(self, path: str, orig_path: Optional[str] = None
-                     ) -> Optional[ElfSymbols]:
+    def elf_for_path(self, path: str, orig_path: Optional[str] = None,
+                     root: Optional[str] = None) -> Optional[ElfSymbols]:
         """ElfSymbols of a file, cached by (dev, inode, mtime, size) and by
-        (path, build-id)."""
+        (path, build-id), each per root (its debug files are looked up
+        under ``root`` first)."""
         try:
             st = os.stat(path)
         except OSError:
             return None
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, root)
         if key in self._elf_by_stat:
             return self._elf_by_stat[key]
         image = _open_image(path)
         elf = None
         if image is not None:
-            bkey = (orig_path or path, image.build_id)
+            bkey = (orig_path or path, image.build_id, root)
             elf = self._elf_by_build_id.get(bkey) if image.build_id else None
             if elf is None:
-                elf = ElfSymbols(path, self.debug_dirs, orig_path,
+                elf = ElfSymbols(path, self.debug_dirs, orig_path, root=root,
                                  _image=image)
                 if image.build_id:
                     self._elf_by_build_id[bkey] = elf
         self._elf_by_stat[key] = elf
         return elf
 
-    def _elf_for_mapping(self, pid: int, m: Mapping) -> Optional[ElfSymbols]:
+    def _elf_for_mapping(self, pid: int, m: Mapping,
+                         space: Optional[AddressSpace] = None) -> Optional[ElfSymbols]:
         key = (pid, m.path, m.inode, m.deleted)
         try:
             return self._elf_by_mapping[key]
@@ -672,10 +849,18 @@ class Symbolizer:
             elf = None
         else:
             elf = None
+            root = self.root_of(pid, space)
             for cand in self._file_candidates(pid, m):
-                elf = self.elf_for_path(cand, m.path)
+                elf = self.elf_for_path(cand, m.path, root)
                 if elf is not None:
                     break
+            if elf is None:     # (an ElfSymbols with no functions is falsy)
+                info = ModuleSymbols(m.path, pid, root, debug_dirs=self.debug_dirs)
+            else:
+                info = ModuleSymbols(m.path, pid, root, file=elf.path,
+                                     build_id=elf.build_id, has_symtab=elf.has_symtab,
+                                     debug_file=elf.debug_file, debug_dirs=self.debug_dirs)
+            self._modules.setdefault((pid, m.path), info)
         self._elf_by_mapping[key] = elf
         return elf
 
@@ -725,7 +910,7 @@ class Symbolizer:
             return NativeSymbol(None, None, addr)
         file_off = m.file_offset(addr)
         module = m.path or None
-        elf = self._elf_for_mapping(pid, m)
+        elf = self._elf_for_mapping(pid, m, space)
         if elf is None:
             return NativeSymbol(None, module, file_off)
         vaddr = elf.file_offset_to_vaddr(file_off)
