@@ -21,6 +21,7 @@ into the workloads.
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -29,7 +30,7 @@ import pytest
 from conftest import (MATRIX_LABELS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip,
                       source_line,
                       record_folded, wait_for_recording)
-from pyoffcpu.profile import FrameKind
+from pyoffcpu.profile import FrameKind, from_folded
 
 DURATION = 4
 FREQUENCY = 99                  # pyoffcpu's default -F
@@ -66,17 +67,40 @@ def test_two_callers_workload_splits_30_70_by_its_own_clock(label):
     assert m, res.stdout
     a, b, blocks = float(m.group(1)), float(m.group(2)), int(m.group(3))
     assert blocks >= 500, res.stdout
-    assert abs(a - 30) <= 0.5 and abs(b - 70) <= 0.5, res.stdout
+    # a sanity check of the workload alone: a loaded machine moves it (the
+    # profile is held to the workload's own clock of the same window below)
+    assert abs(a - 30) <= 2 and abs(b - 70) <= 2, res.stdout
 
 
 @pytest.mark.parametrize("label", MATRIX_LABELS)
 def test_helper_called_from_two_lines_is_charged_to_each_line(label, tmp_path, bpf):
     python = python_or_skip(label)
     w = Workload(python, "two_callers.py", 60)
+    out = tmp_path / "out.folded"
+    p = None
     try:
-        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", str(DURATION))
+        p = subprocess.Popen(pyoffcpu_cmd("-o", str(out), "-p", str(w.pid), "-d", str(DURATION)),
+                             env=env(), stderr=subprocess.PIPE, text=True)
+        wait_for_recording(p)
+        os.kill(w.pid, signal.SIGUSR1)          # the workload's own clock starts with the window
+        stderr = ""
+        for line in p.stderr:                   # until pyoffcpu has ended the recording
+            stderr += line
+            if line.startswith("pyoffcpu: recorded"):
+                break
+        os.kill(w.pid, signal.SIGUSR2)
+        stderr += p.stderr.read()
+        truth = w.proc.stdout.readline()
+        assert p.wait(timeout=60) == 0, stderr
     finally:
+        if p is not None and p.poll() is None:
+            p.kill()
         w.stop()
+    m = re.search(r"split A=([\d.]+) B=([\d.]+) blocks=(\d+)", truth)
+    assert m, truth
+    truth_a = float(m.group(1))
+    prof = from_folded(out.read_text())
+    res = subprocess.CompletedProcess(p.args, 0, "", stderr)
     by_line = {}
     in_helper = 0
     for k, ns in prof.weights.items():
@@ -95,9 +119,14 @@ def test_helper_called_from_two_lines_is_charged_to_each_line(label, tmp_path, b
     assert a + b >= 0.98 * blocked, shares
     assert in_helper >= 0.98 * (a + b), (in_helper, a + b)
     share_a = 100.0 * a / (a + b)
-    assert abs(share_a - 30) <= 1 and abs((100 - share_a) - 70) <= 1, (
-        f"line A {share_a:.2f}% / line B {100 - share_a:.2f}% of the blocked time, "
-        f"built as 30/70", shares)
+    print(f"{label}: line A {share_a:.2f}% (the workload's own clock: {truth_a:.2f}%)")
+    # the design (30/70) within 1 pp on a quiet machine; the workload's own
+    # clock of the window within 1 pp always; a line charged with the other's
+    # time (the bug this guards) is off by tens of points
+    assert abs(share_a - truth_a) <= 1, (
+        f"line A {share_a:.2f}% / line B {100 - share_a:.2f}% of the blocked time; the "
+        f"workload's own clock says {truth_a:.2f}%, built as 30/70", shares)
+    assert abs(share_a - 30) <= 3, (share_a, truth_a, shares)
 
 
 # -- the accounting invariant: on + off = the recording ---------------------------

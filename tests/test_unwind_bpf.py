@@ -61,7 +61,7 @@ def extension(tmp_path_factory):
 @pytest.fixture(scope="module", params=["-fomit-frame-pointer", "-fno-omit-frame-pointer"])
 def chain_recording(request, tmp_path_factory, bpf):
     python, so = build_extension(tmp_path_factory, request.param)
-    w = Workload(python, "native_chain.py", so, DURATION + 4)
+    w = Workload(python, "native_chain.py", so, DURATION + 60)   # outlives start-up; killed after
     ctid = int(w.lines[0].split()[1])
     try:
         res, prof = record_folded(tmp_path_factory.mktemp("chain"), "-p", str(w.pid),
@@ -125,7 +125,7 @@ def test_c_thread_has_full_native_stacks_and_no_python(chain_recording):
 
 def test_library_loaded_during_the_recording_is_unwound(extension, tmp_path, bpf):
     python, so = extension
-    w = Workload(python, "native_chain.py", so, 6, "--late")
+    w = Workload(python, "native_chain.py", so, 65, "--late")    # outlives start-up; killed after
     out = tmp_path / "late.folded"
     try:
         p = subprocess.Popen(pyoffcpu_cmd("-o", str(out), "-p", str(w.pid), "-d", "5"),
@@ -164,7 +164,7 @@ def test_native_stacks_match_the_python_stacks(label, bpf):
     from pyoffcpu.merge import Merger
     from pyoffcpu.session import Options, Session
     python = python_or_skip(label)
-    w = Workload(python, "split.py", DURATION + 4)
+    w = Workload(python, "split.py", DURATION + 60)
     try:
         rec = Session(Options(pids=[w.pid], duration=DURATION, mode="wall"), plat.probe()).run()
     finally:
@@ -191,7 +191,7 @@ def test_thread_waiting_for_the_gil_shows_take_gil(label, tmp_path, bpf):
     python = python_or_skip(label)
     if label == "debian-3.11" and not _has_debug_file(python):
         pytest.skip("take_gil is a static function: needs python3.11-dbg (make test installs it)")
-    w = Workload(python, "gil_contention.py", DURATION + 4)
+    w = Workload(python, "gil_contention.py", DURATION + 60)
     try:
         res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "3", "--mode", "off")
     finally:

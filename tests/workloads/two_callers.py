@@ -13,9 +13,13 @@ blocks "in the same place" charges one line with everything.
 
 Single-threaded (no GIL hand-offs); the CPU part is a few microseconds per
 block.  Prints "ready", runs for argv[1] seconds (default: forever), then
-prints its own clock's split: "split A=<%> B=<%> blocks=<n>".
+prints its own clock's split: "split A=<%> B=<%> blocks=<n>".  On a loaded
+machine a 1 ms sleep overshoots by varying amounts and the time split drifts
+from 30/70: SIGUSR1 restarts the count (at the start of a recording) and
+SIGUSR2 prints the split since then, the ground truth of that window.
 Written to run on every CPython from 3.7 on.
 """
+import signal
 import sys
 import time
 
@@ -27,10 +31,11 @@ def wait_on(seconds):
     time.sleep(seconds)         # the one blocking call
 
 
+spent = {"A": 0.0, "B": 0.0, "blocks": 0}
+
+
 def caller(end):
     clock = time.perf_counter
-    spent = {"A": 0.0, "B": 0.0}
-    blocks = 0
     while time.monotonic() < end:
         for step in PATTERN:
             t0 = clock()
@@ -39,17 +44,26 @@ def caller(end):
             else:
                 wait_on(BLOCK_S)  # LINE B
             spent[step] += clock() - t0
-            blocks += 1
-    return spent, blocks
+            spent["blocks"] += 1
+
+
+def report(*_):
+    total = (spent["A"] + spent["B"]) or 1.0
+    print("split A=%.3f B=%.3f blocks=%d" % (100 * spent["A"] / total, 100 * spent["B"] / total,
+                                             spent["blocks"]), flush=True)
+
+
+def restart(*_):
+    spent.update(A=0.0, B=0.0, blocks=0)
 
 
 def main():
     duration = float(sys.argv[1]) if len(sys.argv) > 1 else float("inf")
+    signal.signal(signal.SIGUSR1, restart)
+    signal.signal(signal.SIGUSR2, report)
     print("ready", flush=True)
-    spent, blocks = caller(time.monotonic() + duration)
-    total = spent["A"] + spent["B"]
-    print("split A=%.3f B=%.3f blocks=%d" % (100 * spent["A"] / total, 100 * spent["B"] / total,
-                                             blocks), flush=True)
+    caller(time.monotonic() + duration)
+    report()
 
 
 if __name__ == "__main__":
