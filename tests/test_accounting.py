@@ -67,9 +67,12 @@ def test_two_callers_workload_splits_30_70_by_its_own_clock(label):
     assert m, res.stdout
     a, b, blocks = float(m.group(1)), float(m.group(2)), int(m.group(3))
     assert blocks >= 500, res.stdout
-    # a sanity check of the workload alone: a loaded machine moves it (the
-    # profile is held to the workload's own clock of the same window below)
-    assert abs(a - 30) <= 2 and abs(b - 70) <= 2, res.stdout
+    # a sanity check of the workload alone: 30/70 on a quiet machine, but a
+    # loaded one moves it by several points (a 1 ms sleep overshoots unevenly;
+    # measured 24.5/75.5 at load average 10), so only a gross error fails here.
+    # The exact check is below: the profile against the workload's own clock
+    # of the same window.
+    assert abs(a - 30) <= 10 and abs(b - 70) <= 10, res.stdout
 
 
 @pytest.mark.parametrize("label", MATRIX_LABELS)
