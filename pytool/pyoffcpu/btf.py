@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["Btf", "BtfError", "MemberInfo"]
+__all__ = ["Btf", "BtfError", "MemberInfo", "member_offsets"]
 
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
 
@@ -361,3 +361,53 @@ def _split_indices(part: str, dotted: str) -> tuple[str, list[int]]:
     if not name:
         raise BtfError(f"bad member path {dotted!r}")
     return name, indices
+
+
+_OFFSETS: dict = {}         # BTF sha256 -> {"struct:member": byte offset}, this process
+
+
+def member_offsets(path: str, members, cache_dir: str | None = "default") -> list[int]:
+    """Byte offsets of each (struct, dotted member path) in the BTF at path,
+    as Btf.member_offset gives them, remembered by the blob's sha256 in this
+    process and in `<cache_dir>/btf-<sha256>.json` (default: the BPF program
+    cache's directory): parsing vmlinux's BTF takes ~0.2 s of every start,
+    hashing it 10 ms.  Raises BtfError / OSError as Btf.load and
+    member_offset do."""
+    import json
+    import os
+    from . import bpfload
+    try:
+        digest = bpfload.file_sha256(path)
+    except OSError as e:
+        raise BtfError(f"cannot read BTF from {path}: {e}") from e
+    known = _OFFSETS.setdefault(digest, {})
+    names = [f"{st}:{m}" for st, m in members]
+    directory = bpfload.default_cache_dir() if cache_dir == "default" else cache_dir
+    file = os.path.join(directory, f"btf-{digest}.json") if directory else None
+    if file and not bpfload._safe_dir(directory):
+        file = None                         # offsets steer BPF's reads: only from our own directory
+    if file and not all(n in known for n in names):
+        try:
+            with open(file) as f:
+                disk = json.load(f)
+            known.update({k: v for k, v in disk.items() if isinstance(k, str) and type(v) is int})
+        except (OSError, ValueError, AttributeError):
+            pass                            # absent or unreadable: parsed below
+    missing = [(n, st, m) for n, (st, m) in zip(names, members) if n not in known]
+    if missing:
+        btf = Btf.load(path)
+        for n, st, m in missing:
+            known[n] = btf.member_offset(st, m)
+        if file:
+            tmp = f"{file}.{os.getpid()}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    json.dump(known, f)
+                os.replace(tmp, file)
+            except OSError:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+    return [known[n] for n in names]

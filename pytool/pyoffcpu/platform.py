@@ -74,11 +74,10 @@ def probe() -> Platform:
         raise ProfilerError("this kernel has no BPF support", "pyoffcpu needs Linux >= 5.8 with BPF")
     if not os.path.exists(BTF_PATH):
         raise ProfilerError(f"no kernel BTF at {BTF_PATH}", "pyoffcpu needs a kernel built with CONFIG_DEBUG_INFO_BTF")
-    from .btf import Btf, BtfError
+    from .btf import BtfError, member_offsets
     try:
-        btf = Btf.load(BTF_PATH)
-        offs = [btf.member_offset("task_struct", f)
-                for f in ("thread.fsbase", "pid", "tgid", "se.sum_exec_runtime")]
+        offs = member_offsets(BTF_PATH, [("task_struct", f) for f in
+                                         ("thread.fsbase", "pid", "tgid", "se.sum_exec_runtime")])
     except (BtfError, OSError) as e:
         raise ProfilerError(f"cannot read task_struct's fsbase, pid and tgid from BTF: {e}",
                             "x86_64 kernels with BTF only") from None

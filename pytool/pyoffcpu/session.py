@@ -204,7 +204,7 @@ class Session:
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
-        from bcc import BPF  # imported late: importing bcc is slow and needs root
+        from . import bpfload  # from the cache without clang; bcc (slow, maps LLVM) on a miss
         o = self.opts
         p = self.platform
         cflags = [
@@ -220,25 +220,30 @@ class Session:
         from .platform import BTF_PATH
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
         cflags += self._unwind_cflags
+        # only what the mode runs (no sched_switch in cpu mode, no perf event in
+        # off mode), all verified at once; the unwinder's may fail (_attach)
+        sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
         try:
-            self.bpf = BPF(text=_bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")).encode(),
-                           cflags=cflags)
+            self.bpf = bpfload.load(_bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), cflags,
+                                    skip=() if switches else ("sched_switch",),
+                                    preload=[("on_cpu_sample", bpfload.PERF_EVENT)] if sampled else [],
+                                    optional=unwind_loader.program_specs(sampled, switches),
+                                    notices=self.rec.notices)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
                                 "check that the kernel has BPF and `make install` set up headers")
         self._control = self.bpf["control"]
 
     def _attach(self):
-        from bcc import PerfSWConfig, PerfType
+        from .bpfload import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE
         o = self.opts
         try:
             if o.mode in ("wall", "cpu"):
-                self.bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
+                self.bpf.attach_perf_event(ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK,
                                            fn_name=b"on_cpu_sample",
                                            sample_period=int(1e9 // o.frequency), cpu=-1)
-            # the raw tracepoints attach themselves at load (raw_tracepoint__*)
-            if o.mode == "cpu":
-                self.bpf.detach_raw_tracepoint(tp=b"sched_switch")
+            # the raw tracepoints are attached at load (raw_tracepoint__*; in cpu
+            # mode not sched_switch)
         except Exception as e:
             raise ProfilerError(f"cannot attach BPF: {e}", "is this kernel built with perf events?")
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
@@ -248,7 +253,7 @@ class Session:
         try:
             self.unwinder = unwind_loader.NativeUnwinder(
                 self.bpf, tables="-DNATIVE_UNWIND=1" in self._unwind_cflags)
-            self.unwinder.load_programs()
+            self.unwinder.load_programs(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"))
         except Exception as e:
             if self.unwinder is not None:
                 self.unwinder.close()
@@ -386,9 +391,8 @@ class Session:
         """Every thread of the targets gets its entry in `threads` before the
         start (BPF keeps their exact times); sched_process_fork adds the ones
         started from now on.  Entries BPF made already are kept."""
-        from bcc import libbcc
+        from .bpfload import BPF_NOEXIST, update_elem
         table = self.bpf["threads"]
-        BPF_NOEXIST = 1
         for tgt in self.targets.values():
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{tgt.pid}/task")]
@@ -400,8 +404,7 @@ class Session:
                 name = (_read_text(f"/proc/{tgt.pid}/task/{tid}/comm") or "").strip().encode()
                 leaf.comm = name[:15]
                 key = table.Key(tid)
-                libbcc.lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf),
-                                           BPF_NOEXIST)
+                update_elem(table.map_fd, key, leaf, BPF_NOEXIST)
 
     # -- events ---------------------------------------------------------------
     def _on_pystack(self, cpu, data, size):

@@ -43,14 +43,24 @@ def cflags(btf_path: Optional[str] = None) -> List[str]:
     off = ["-DNATIVE_UNWIND=0", "-DUNWIND_ROWS=4096"]
     if not enabled():
         return off
-    from ..btf import Btf, BtfError
+    from ..btf import VMLINUX_BTF, BtfError, member_offsets
+    fields = ("ip", "sp", "bp", "cs")
     try:
-        btf = Btf.load(btf_path) if btf_path else Btf.load()
-        offs = {f: btf.member_offset("pt_regs", f) for f in ("ip", "sp", "bp", "cs")}
+        offs = dict(zip(fields, member_offsets(btf_path or VMLINUX_BTF,
+                                               [("pt_regs", f) for f in fields])))
     except (BtfError, OSError):
         return off
     return ["-DNATIVE_UNWIND=1", f"-DUNWIND_ROWS={rows_capacity()}"] + [
         f"-DPT_REGS_{f.upper()}_OFF={o}" for f, o in offs.items()]
+
+
+def program_specs(perf: bool = True, switch: bool = True) -> List[Tuple[str, int]]:
+    """(function, BPF program type) of the finishing programs load_programs
+    loads (the session has them loaded with the main programs, in parallel)."""
+    from ..bpfload import PERF_EVENT, RAW_TRACEPOINT
+    # tail calls stay within one program type: sched_switch is a raw tracepoint
+    return ([("unwind_perf", PERF_EVENT)] if perf else []) + (
+        [("unwind_tp", RAW_TRACEPOINT), ("memo_tp", RAW_TRACEPOINT)] if switch else [])
 
 
 @dataclass
@@ -102,18 +112,18 @@ class NativeUnwinder:
         self._procs = bpf["unwind_procs"]
         self._nstacks = bpf["nstacks"]
 
-    def load_programs(self) -> None:
-        """Load the finishing programs into their tail-call slots (raises on
-        a verifier error: the main programs then finish samples themselves,
-        with frame-pointer user stacks)."""
-        from bcc import BPF
-        perf = self.bpf.load_func(b"unwind_perf", BPF.PERF_EVENT)
-        # tail calls stay within one program type: sched_switch is a raw tracepoint
-        tp = self.bpf.load_func(b"unwind_tp", BPF.RAW_TRACEPOINT)
-        memo = self.bpf.load_func(b"memo_tp", BPF.RAW_TRACEPOINT)
-        self.bpf["unwind_perf_progs"][ctypes.c_int(0)] = ctypes.c_int(perf.fd)
-        self.bpf["unwind_tp_progs"][ctypes.c_int(0)] = ctypes.c_int(tp.fd)
-        self.bpf["unwind_tp_progs"][ctypes.c_int(1)] = ctypes.c_int(memo.fd)
+    def load_programs(self, perf: bool = True, switch: bool = True) -> None:
+        """Load the finishing programs into their tail-call slots: those of
+        the on-CPU sample (perf) and of sched_switch (switch).  Raises on a
+        verifier error: the main programs then finish samples themselves,
+        with frame-pointer user stacks."""
+        specs = program_specs(perf, switch)
+        fds = {name: self.bpf.load_func(name.encode(), kind).fd for name, kind in specs}
+        if perf:
+            self.bpf["unwind_perf_progs"][ctypes.c_int(0)] = ctypes.c_int(fds["unwind_perf"])
+        if switch:
+            self.bpf["unwind_tp_progs"][ctypes.c_int(0)] = ctypes.c_int(fds["unwind_tp"])
+            self.bpf["unwind_tp_progs"][ctypes.c_int(1)] = ctypes.c_int(fds["memo_tp"])
 
     def close(self) -> None:
         if self._mm is None:

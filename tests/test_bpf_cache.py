@@ -1,0 +1,347 @@
+"""The cache of compiled BPF programs (pytool/pyoffcpu/bpfload.py): what is
+compiled for one source, flags and kernel is never served for another; a
+damaged entry is compiled again with a one-line notice; a recording from the
+cache and one from a fresh compile have the same profile; a start from the
+cache maps no LLVM.  The cache is pointed at a temporary directory
+(PYOFFCPU_CACHE_DIR) throughout, and the BPF sources at a copy of bpf/
+(PYOFFCPU_BPF_DIR) taken once: bpf/ is edited while tests run, and an edit
+between two starts is rightly a miss."""
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, Workload, env, python_or_skip
+from pyoffcpu import bpfload
+from pyoffcpu.profile import FrameKind
+
+DURATION = 4.0
+BPF_DIR = os.path.join(ROOT, "bpf")
+_SNAPSHOT = []
+
+
+def bpf_snapshot():
+    """A copy of bpf/ made once per test session: the sources every start here compiles."""
+    if not _SNAPSHOT:
+        import atexit
+        import tempfile
+        top = tempfile.mkdtemp(prefix="pyoffcpu-bpf-")
+        atexit.register(shutil.rmtree, top, True)
+        d = os.path.join(top, "bpf")
+        shutil.copytree(BPF_DIR, d)
+        _SNAPSHOT.append(d)
+    return _SNAPSHOT[0]
+
+
+@pytest.fixture
+def frozen_sources(monkeypatch):
+    """In-process sessions compile the snapshot of bpf/."""
+    from pyoffcpu import session
+    monkeypatch.setattr(session, "BPF_DIR", bpf_snapshot())
+
+
+def cache_env(d):
+    e = env()
+    e["PYOFFCPU_CACHE_DIR"] = str(d)
+    e["PYOFFCPU_BPF_DIR"] = bpf_snapshot()
+    return e
+
+
+def entries(d):
+    bpf = os.path.join(str(d), "bpf")
+    return sorted(os.path.join(bpf, n) for n in os.listdir(bpf) if n.endswith(".bpf")) \
+        if os.path.isdir(bpf) else []
+
+
+def record(tmp_path, cache, pid, name):
+    """A -d DURATION recording of pid with the cache in `cache`; (result, profile)."""
+    from pyoffcpu.profile import from_folded
+    out = tmp_path / name
+    res = subprocess.run([sys.executable, "-m", "pyoffcpu", "-o", str(out), "-p", str(pid),
+                          "-d", str(DURATION)], env=cache_env(cache), capture_output=True,
+                         text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    return res, from_folded(out.read_text())
+
+
+def python_shares(prof, tid):
+    """Share (%) of the thread's time per stack of Python frames (name, line),
+    on- and off-CPU together (a loaded machine moves time between running and
+    waiting for a CPU, not between stacks)."""
+    out, total = {}, 0
+    for k, ns in prof.weights.items():
+        if k.tid != tid:
+            continue
+        total += ns
+        stack = tuple((f.name, f.line) for f in k.frames if f.kind is FrameKind.PYTHON)
+        out[stack] = out.get(stack, 0) + ns
+    return {s: 100.0 * ns / total for s, ns in out.items()}, total
+
+
+def notice_lines(stderr):
+    return [ln for ln in stderr.splitlines() if ln.startswith("pyoffcpu: notice:") and "cache" in ln]
+
+
+# -- one workload, recorded from a fresh compile, then from the cache --------------------------------
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory, bpf):
+    python = python_or_skip("debian-3.11")
+    cache = tmp_path_factory.mktemp("cache")
+    out = tmp_path_factory.mktemp("out")
+    w = Workload(python, "split.py", 4 * DURATION + 120)
+    try:
+        assert entries(cache) == []
+        fresh = record(out, cache, w.pid, "fresh.folded")
+        made = entries(cache)
+        assert len(made) == 1, made
+        st = os.stat(made[0])
+        cached = record(out, cache, w.pid, "cached.folded")
+        st2 = os.stat(made[0])
+    finally:
+        w.stop()
+    return {"w": w, "cache": cache, "fresh": fresh, "cached": cached, "entry": made[0],
+            "stat": (st, st2)}
+
+
+def test_a_fresh_compile_writes_one_private_entry_that_the_next_start_uses(recordings):
+    st, st2 = recordings["stat"]
+    assert entries(recordings["cache"]) == [recordings["entry"]]
+    # a hit reads the file (and marks it used); a miss would have replaced it
+    assert st2.st_ino == st.st_ino and st2.st_mtime_ns >= st.st_mtime_ns
+    assert st.st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(recordings["entry"])).st_mode & 0o777 == 0o700
+    for which in ("fresh", "cached"):
+        assert notice_lines(recordings[which][0].stderr) == [], recordings[which][0].stderr
+
+
+def test_cache_hit_and_fresh_compile_record_the_same_profile(recordings):
+    tid = recordings["w"].pid
+    a, total_a = python_shares(recordings["fresh"][1], tid)
+    b, total_b = python_shares(recordings["cached"][1], tid)
+    assert abs(total_a - total_b) <= 0.03 * DURATION * 1e9, (total_a, total_b)
+    main = {s for s, pct in list(a.items()) + list(b.items()) if pct >= 2}
+    # the built-in split is there in both (cpu_work, sleep, lock): not an empty match
+    assert len(main) >= 3 and {f for s in main for f, _ in s} >= {"main", "cpu_work"}, main
+    for s in main:
+        assert s in a and s in b, (s, a, b)
+    for s in set(a) | set(b):
+        assert abs(a.get(s, 0) - b.get(s, 0)) <= 2, (s, a.get(s), b.get(s))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "garbage", "empty"])
+def test_a_damaged_entry_is_compiled_again_with_a_one_line_notice(recordings, tmp_path, damage):
+    cache = tmp_path / "cache"
+    shutil.copytree(recordings["cache"], cache)
+    (path,) = entries(cache)
+    data = bytearray(open(path, "rb").read())
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    elif damage == "corrupt":
+        data[len(data) - 100] ^= 0x20          # one byte of the instructions' text
+    elif damage == "garbage":
+        data = bytearray(os.urandom(4096))
+    else:
+        data = bytearray()
+    with open(path, "wb") as f:
+        f.write(data)
+    python = python_or_skip("debian-3.11")
+    w = Workload(python, "split.py", DURATION + 120)
+    try:
+        res, prof = record(tmp_path, cache, w.pid, "out.folded")
+    finally:
+        w.stop()
+    lines = notice_lines(res.stderr)
+    assert len(lines) == 1, res.stderr
+    reason = {"truncated": "truncated", "corrupt": "checksum", "garbage": "not a pyoffcpu",
+              "empty": "empty"}[damage]
+    assert reason in lines[0] and "compiled again" in lines[0], lines[0]
+    # the recording works: the workload's functions, for the whole time
+    names = {f.name for k in prof.weights for f in k.frames if f.kind is FrameKind.PYTHON}
+    assert {"main", "cpu_work"} <= names, names
+    assert prof.total_ns(tid=w.pid) >= 0.9 * DURATION * 1e9
+    # and the entry is whole again
+    (again,) = entries(cache)
+    bpfload.parse(open(again, "rb").read(), os.path.basename(again)[:-4])
+
+
+# -- what a key covers -----------------------------------------------------------------------------
+def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sources):
+    """In-process, with the real programs: one compile per distinct source
+    and flags; the same ones again are served from the cache."""
+    from pyoffcpu import platform as plat
+    from pyoffcpu import session
+    monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path))
+    compiles = []
+    real = bpfload.compile_in_child
+    monkeypatch.setattr(bpfload, "compile_in_child",
+                        lambda text, cflags: compiles.append(cflags) or real(text, cflags))
+    p = plat.probe()
+
+    def start(**opts):
+        s = session.Session(session.Options(pids=[os.getpid()], **opts), p)
+        s._compile()
+        try:
+            return s.bpf.from_cache
+        finally:
+            s.bpf.cleanup()
+    assert start() is False and len(compiles) == 1
+    assert start() is True and len(compiles) == 1
+    source = session._bpf_source
+    monkeypatch.setattr(session, "_bpf_source", lambda path: source(path) + "\n/* changed */\n")
+    assert start() is False and len(compiles) == 2
+    monkeypatch.setattr(session, "_bpf_source", source)
+    assert start() is True and len(compiles) == 2
+    assert start(frequency=97) is False and len(compiles) == 3     # -DSAMPLE_PERIOD_NS
+    assert start(kernel=True) is False and len(compiles) == 4       # -DKERNEL_STACKS
+    assert start(frequency=97) is True and len(compiles) == 4
+    assert len(entries(tmp_path)) == 4
+
+
+def test_the_key_covers_headers_kernel_and_bcc(tmp_path, monkeypatch):
+    inc = tmp_path / "bpf"
+    shutil.copytree(BPF_DIR, inc)
+    text = open(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")).read()
+    flags = [f"-I{inc}", "-DX=1"]
+    base = bpfload.cache_key(text, flags)
+    assert base and base == bpfload.cache_key(text, flags)
+    assert bpfload.cache_key(text + " ", flags) != base
+    assert bpfload.cache_key(text, flags + ["-DY=2"]) != base
+    assert bpfload.cache_key(text, [f"-I{inc}", "-DX=2"]) != base
+    with open(inc / "pyoffcpu.h", "a") as f:           # a header the text includes
+        f.write("\n")
+    changed = bpfload.cache_key(text, flags)
+    assert changed != base
+    # another kernel (its BTF), or no BTF to tell: never the same entry
+    other = tmp_path / "vmlinux"
+    data = bytearray(open(bpfload.BTF_VMLINUX, "rb").read())
+    data[-1] ^= 1
+    other.write_bytes(bytes(data))
+    assert bpfload.cache_key(text, flags, btf_path=str(other)) != changed
+    assert bpfload.cache_key(text, flags, btf_path=str(tmp_path / "none")) is None
+    # bcc's settings and library
+    monkeypatch.setenv("BCC_KERNEL_SOURCE", "/usr/src/elsewhere")
+    assert bpfload.cache_key(text, flags) != changed
+    monkeypatch.delenv("BCC_KERNEL_SOURCE")
+    monkeypatch.setattr(bpfload, "_bcc_identity", lambda: "bcc 9.9")
+    assert bpfload.cache_key(text, flags) != changed
+
+
+# -- entries ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def entry(recordings):
+    path = recordings["entry"]
+    return bpfload.parse(open(path, "rb").read(), os.path.basename(path)[:-4])
+
+
+def test_every_cut_or_flipped_byte_is_refused(entry):
+    data = bpfload.serialize(entry)
+    assert bpfload.parse(data, entry["key"])["programs"] == entry["programs"]
+    step = max(1, len(data) // 400)
+    for n in list(range(0, len(data), step)) + [len(data) - 1]:
+        with pytest.raises(bpfload.CacheError):
+            bpfload.parse(data[:n], entry["key"])
+    for n in range(0, len(data), step * 3):
+        bad = bytearray(data)
+        bad[n] ^= 0x01
+        with pytest.raises(bpfload.CacheError):
+            bpfload.parse(bytes(bad), entry["key"])
+    with pytest.raises(bpfload.CacheError, match="another key"):
+        bpfload.parse(data, "0" * 64)
+
+
+def test_a_map_reference_must_point_at_a_map_load(entry):
+    prog = dict(entry["programs"][0])
+    idx, name = prog["maps"][0]
+    prog["maps"] = [[idx + 1, name]] + prog["maps"][1:]       # the second half of the ld_imm64
+    bad = dict(entry, programs=[prog] + entry["programs"][1:])
+    with pytest.raises(bpfload.CacheError, match="map reference"):
+        bpfload.parse(bpfload.serialize(bad), entry["key"])
+
+
+def test_map_types_are_the_ones_bcc_builds(entry, bpf):
+    """The ctypes made from bcc's type descriptions match bcc's own, member by
+    member (names, offsets, sizes), for every map of the real programs."""
+    import bcc
+
+    def layout(t):
+        if isinstance(t, type) and issubclass(t, (ctypes.Structure, ctypes.Union)):
+            return (t.__name__, ctypes.sizeof(t), [
+                (f[0], getattr(t, f[0]).offset, getattr(t, f[0]).size, layout(f[1]))
+                for f in t._fields_])
+        if isinstance(t, type) and issubclass(t, ctypes.Array):
+            return ("array", t._length_, layout(t._type_))
+        return (t.__name__, ctypes.sizeof(t))
+    checked = 0
+    for m in entry["maps"]:
+        for desc in (m["key_desc"], m["leaf_desc"]):
+            d = json.loads(desc)
+            assert layout(bpfload.ctype_of(d)) == layout(bcc.BPF._decode_table_type(d)), m["name"]
+            checked += 1
+    assert checked == 2 * len(entry["maps"]) >= 40
+
+
+# -- a start from the cache ---------------------------------------------------------------------------
+def test_a_start_from_the_cache_maps_no_llvm(recordings):
+    code = """
+import os, sys
+from pyoffcpu import platform as plat, session
+s = session.Session(session.Options(pids=[os.getpid()]), plat.probe())
+s._compile()
+s._attach()
+maps = open("/proc/self/maps").read()
+print(s.bpf.from_cache, "bcc" in sys.modules, "libLLVM" in maps, "libbcc" in maps)
+s.bpf.cleanup()
+"""
+    res = subprocess.run([sys.executable, "-c", code], env=cache_env(recordings["cache"]),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "False", "False", "False"], res.stdout + res.stderr
+
+
+def test_a_finishing_program_the_verifier_refuses_is_not_fatal(recordings, tmp_path, monkeypatch,
+                                                               frozen_sources):
+    """The unwinder's programs are verified with the main ones, at once; one
+    that fails leaves frame-pointer stacks and a notice, as before."""
+    from pyoffcpu import platform as plat
+    from pyoffcpu import session
+    shutil.copytree(recordings["cache"], tmp_path / "cache")
+    monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path / "cache"))
+    real = bpfload._prog_load
+
+    def refuse(ptype, insns, license, kv, name, *a, **kw):
+        if name == "unwind_tp":
+            raise OSError(13, "Permission denied")
+        return real(ptype, insns, license, kv, name, *a, **kw)
+    monkeypatch.setattr(bpfload, "_prog_load", refuse)
+    s = session.Session(session.Options(pids=[os.getpid()]), plat.probe())
+    s._compile()
+    try:
+        assert s.bpf.from_cache
+        s._attach()
+        assert s.unwinder is None
+        assert [n for n in s.rec.notices if "native unwinding off" in n and "unwind_tp" in n], \
+            s.rec.notices
+        assert {b"raw_tracepoint__sched_switch", b"on_cpu_sample"} <= set(s.bpf.funcs)
+    finally:
+        s.bpf.cleanup()
+
+
+def test_btf_offsets_are_remembered_and_a_bad_record_is_ignored(tmp_path):
+    from pyoffcpu.btf import Btf, member_offsets
+    want = [("task_struct", "pid"), ("task_struct", "se.sum_exec_runtime"), ("pt_regs", "ip")]
+    btf = Btf.load(bpfload.BTF_VMLINUX)
+    truth = [btf.member_offset(s, m) for s, m in want]
+    from pyoffcpu import btf as btf_mod
+    btf_mod._OFFSETS.clear()
+    assert member_offsets(bpfload.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+    (rec,) = [p for p in os.listdir(tmp_path) if p.startswith("btf-")]
+    btf_mod._OFFSETS.clear()
+    assert member_offsets(bpfload.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+    (tmp_path / rec).write_text("{not json")
+    btf_mod._OFFSETS.clear()
+    assert member_offsets(bpfload.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
