@@ -43,6 +43,8 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import cachedir
+
 FORMAT = 1
 MAGIC = b"pyoffcpu-bpf-cache\n"
 MAX_FILES = 32                          # entries kept (least recently used go first)
@@ -826,25 +828,10 @@ def cache_key(text: str, cflags: Sequence[str], btf_path: str = BTF_VMLINUX) -> 
 
 # -- cache files --------------------------------------------------------------------------------------
 def default_cache_dir() -> Optional[str]:
-    d = os.environ.get("PYOFFCPU_CACHE_DIR")
-    if d == "":
-        return None                     # caching off
-    if d:
-        return os.path.join(d, "bpf")
-    if os.geteuid() == 0:
-        return "/var/cache/pyoffcpu/bpf"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "pyoffcpu", "bpf")
+    return cachedir.cache_dir("bpf")
 
 
-def _safe_dir(path: str) -> bool:
-    """Ours and not writable by others: what is read from it runs in the kernel."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-    except OSError:
-        return False
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+_safe_dir = cachedir.safe_dir
 
 
 def serialize(entry: dict) -> bytes:

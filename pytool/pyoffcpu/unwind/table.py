@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Tuple
 
+from .. import cachedir
 from . import ehframe as E
 
 UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END = 0, 1, 2, 3, 4
@@ -230,25 +231,10 @@ def deserialize(data: bytes) -> UnwindTable:
 
 
 def default_cache_dir() -> Optional[str]:
-    d = os.environ.get("PYOFFCPU_CACHE_DIR")
-    if d == "":
-        return None                     # caching off
-    if d:
-        return os.path.join(d, "unwind")
-    if os.geteuid() == 0:
-        return "/var/cache/pyoffcpu/unwind"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "pyoffcpu", "unwind")
+    return cachedir.cache_dir("unwind")
 
 
-def _safe_dir(path: str) -> bool:
-    """Ours and not writable by others: a table read from it steers the unwinder."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-    except OSError:
-        return False
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+_safe_dir = cachedir.safe_dir
 
 
 class TableCache:

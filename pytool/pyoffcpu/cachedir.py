@@ -1,0 +1,32 @@
+"""Where pyoffcpu keeps what it computed once (unwind tables, BPF programs),
+and the check that such a directory is safe to read from: what is read from
+it steers BPF programs in the kernel."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+
+def cache_dir(kind: str) -> Optional[str]:
+    """The directory for cache `kind`: PYOFFCPU_CACHE_DIR/kind, an empty
+    PYOFFCPU_CACHE_DIR: None (caching off); else /var/cache/pyoffcpu/kind as
+    root, ~/.cache/pyoffcpu/kind otherwise."""
+    d = os.environ.get("PYOFFCPU_CACHE_DIR")
+    if d == "":
+        return None
+    if d:
+        return os.path.join(d, kind)
+    if os.geteuid() == 0:
+        return os.path.join("/var/cache/pyoffcpu", kind)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "pyoffcpu", kind)
+
+
+def safe_dir(path: str) -> bool:
+    """Made if missing (0700); True when it is ours and not writable by others."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
