@@ -930,17 +930,7 @@ def _read_entry(path: str, key: str) -> Optional[dict]:
 
 
 def _write_entry(directory: str, path: str, entry: dict) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(serialize(entry))
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    if not cachedir.write_private(path, serialize(entry)):
         return
     try:
         names = [n for n in os.listdir(directory) if n.endswith(".bpf")]

@@ -30,3 +30,22 @@ def safe_dir(path: str) -> bool:
     except OSError:
         return False
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def write_private(path: str, data: bytes) -> bool:
+    """Write a cache file atomically (a temp file beside it, mode 0600, then
+    rename); False, with nothing left behind, when it cannot be written: a
+    cache that cannot be written is only a slower next start."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False

@@ -320,18 +320,7 @@ class TableCache:
     def _write(self, key: str, t: UnwindTable) -> None:
         if self.dir is None:
             return
-        final = os.path.join(self.dir, key + ".tbl")
-        tmp = f"{final}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(serialize(t))
-            os.replace(tmp, final)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        cachedir.write_private(os.path.join(self.dir, key + ".tbl"), serialize(t))
         self._prune()
 
     def _prune(self) -> None:
