@@ -104,6 +104,16 @@ def test_walk_ends_at_a_garbage_saved_rbp():
         read.close()
 
 
+def wait_until_blocked(t):
+    """Until thread `t` of this process sits in a system call that
+    /proc/PID/task/TID/syscall shows (what the blocked-thread walk reads)."""
+    deadline = time.monotonic() + 10
+    while walk.blocked_registers(os.getpid(), t.native_id) is None:
+        if time.monotonic() > deadline:
+            pytest.skip("cannot read /proc/PID/task/TID/syscall (ptrace access)")
+        time.sleep(0.01)
+
+
 def test_walk_blocked_survives_a_cfa_past_2_63():
     """walk_blocked of a real blocked thread of this process, with a rule that
     puts its CFA above 2**63 (what a garbage stack pointer gives)."""
@@ -111,11 +121,7 @@ def test_walk_blocked_survives_a_cfa_past_2_63():
     t = threading.Thread(target=os.read, args=(r, 1), daemon=True)
     t.start()
     try:
-        deadline = time.monotonic() + 10
-        while walk.blocked_registers(os.getpid(), t.native_id) is None:
-            if time.monotonic() > deadline:
-                pytest.skip("cannot read /proc/PID/task/TID/syscall (ptrace access)")
-            time.sleep(0.01)
+        wait_until_blocked(t)
         u = loader.NativeUnwinder(None, tables=False)
         for off in (HIGH, (1 << 64) - 1, -(1 << 64)):
             every_pc = OneRule({})
@@ -254,11 +260,7 @@ def test_thread_snapshot_of_this_process(this_python, reader):
     t = threading.Thread(target=blocked_in_a_named_function, args=(r,), daemon=True)
     t.start()
     try:
-        deadline = time.monotonic() + 10
-        while walk.blocked_registers(os.getpid(), t.native_id) is None:
-            if time.monotonic() > deadline:
-                pytest.skip("cannot read /proc/PID/task/TID/syscall (ptrace access)")
-            time.sleep(0.01)
+        wait_until_blocked(t)
         stacks = walker.all_thread_stacks(this_python)
     finally:
         os.write(w, b"x")
