@@ -131,11 +131,6 @@ static __always_inline u64 mix(u64 h, u64 v)
     return h ^ (h >> 29);
 }
 
-/* The verifier walks a bounded loop once per iteration, so the loop bodies
- * below are kept straight: one loop per frame layout, a failed read ends the
- * walk, and shim frames are recorded like any other (user space drops them by
- * their owner) so that the frame count never diverges from the iteration count. */
-
 /* The fields of a frame the walk needs all lie in its first bytes (3.11
  * _PyInterpreterFrame: owner at 69, 3.12/3.13: 70, 3.14: 74; <= 3.10
  * PyFrameObject: f_lasti at 104 at most): one read per frame into a per-CPU
@@ -148,79 +143,19 @@ struct frame_win { u8 b[136]; };
 /* One per CPU is enough: BPF tracing programs do not nest on a CPU. */
 BPF_PERCPU_ARRAY(frame_win, struct frame_win, 1);
 
-/* <= 3.10: PyFrameObject chain; each frame is one _PyEval_EvalFrameDefault call. */
-static __always_inline u32 walk_frameobj(struct proc_info *pi, struct pystack *st, u64 f)
-{
-    int i;
-    u64 off_code = FRAME_OFF(pi->frame_code), off_back = FRAME_OFF(pi->frame_back);
-    u64 off_lasti = FRAME_OFF(pi->frame_lasti);
-    int zero = 0;
-    struct frame_win *win = frame_win.lookup(&zero);
-    if (!win)
-        return 0;
-    u8 *w = win->b;
-    for (i = 0; i < MAX_PY_DEPTH; i++) {
-        if (!f)
-            break;
-        if (bpf_probe_read_user(w, FRAMEOBJ_WINDOW, (void *)f) != 0) {
-            st->flags |= PYS_READ_FAILED;
-            break;
-        }
-        u64 code = *(u64 *)(w + off_code);
-        u64 back = *(u64 *)(w + off_back);
-        int lasti = *(int *)(w + off_lasti);
-        struct py_frame *pf = &st->frames[i & PY_MASK];
-        pf->code = code;
-        pf->offset = lasti;
-        pf->flags = PYF_ENTRY;
-        f = back;
-    }
-    if (f && i >= MAX_PY_DEPTH)
-        st->flags |= PYS_TRUNCATED;
-    return i;
-}
-
-/* 3.11+: _PyInterpreterFrame chain. */
-static __always_inline u32 walk_iframes(struct proc_info *pi, struct pystack *st, u64 f)
-{
-    int i;
-    u64 off_code = FRAME_OFF(pi->iframe_code), off_prev = FRAME_OFF(pi->iframe_previous);
-    u64 off_instr = FRAME_OFF(pi->iframe_instr), off_owner = FRAME_OFF(pi->iframe_owner);
-    /* 3.12+ have no is_entry: read the owner byte twice, and ignore it */
-    u64 off_entry = FRAME_OFF(pi->iframe_is_entry >= 0 ? pi->iframe_is_entry : pi->iframe_owner);
-    u32 entry_flag = pi->walker == WALK_ISENTRY ? PYF_ENTRY : 0;
-    s64 adaptive = pi->code_code_adaptive;
-    int zero = 0;
-    struct frame_win *win = frame_win.lookup(&zero);
-    if (!win)
-        return 0;
-    u8 *w = win->b;
-    for (i = 0; i < MAX_PY_DEPTH; i++) {
-        if (!f)
-            break;
-        if (bpf_probe_read_user(w, IFRAME_WINDOW, (void *)f) != 0) {
-            st->flags |= PYS_READ_FAILED;
-            break;
-        }
-        u64 code = *(u64 *)(w + off_code);
-        u64 instr = *(u64 *)(w + off_instr);
-        u64 prev = *(u64 *)(w + off_prev);
-        u8 owner = w[off_owner];
-        u8 is_entry = w[off_entry];
-        code &= ~3ULL;              /* 3.14 tags f_executable; code objects are 8-aligned */
-        struct py_frame *pf = &st->frames[i & PY_MASK];
-        pf->code = code;
-        pf->offset = (int)(instr - code - adaptive);
-        pf->flags = owner | (((u32)(is_entry & 1) << 8) & entry_flag);
-        f = prev;
-    }
-    if (f && i >= MAX_PY_DEPTH)
-        st->flags |= PYS_TRUNCATED;
-    return i;
-}
-
 /* Walk the Python frames of the current thread into st; returns the stack's
- * hash (0: no Python frames). */
+ * hash (0: no Python frames).
+ *
+ * One loop for every layout: <= 3.10 a PyFrameObject chain (f_back, f_code,
+ * f_lasti; each frame is one _PyEval_EvalFrameDefault call), 3.11+ a
+ * _PyInterpreterFrame chain (previous, f_code / f_executable, instr_ptr,
+ * owner, is_entry).  What differs is chosen before the loop (offsets, the
+ * window's size, a mask `iframes` that picks each field's formula without a
+ * branch), and the hash is mixed as the frames are read: the verifier walks
+ * a bounded loop once per iteration, so every branch or extra loop here is
+ * paid MAX_PY_DEPTH times at every start, and every instruction at every
+ * capture.  A failed read ends the walk; shim frames are recorded like any
+ * other (user space drops them by their owner). */
 static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st, u32 tgid)
 {
     st->depth = 0;
@@ -238,22 +173,68 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
         count_drop(DROP_PY_READ);
         return 0;
     }
-    u32 n = pi->walker == WALK_FRAMEOBJ ? walk_frameobj(pi, st, f) : walk_iframes(pi, st, f);
+    int zero = 0;
+    struct frame_win *win = frame_win.lookup(&zero);
+    if (!win)
+        return 0;
+    u8 *w = win->b;
+    u64 off_code, off_prev, off_instr, off_owner, off_entry, size;
+    u64 iframes;                    /* all ones for 3.11+, 0 for <= 3.10 */
+    if (pi->walker == WALK_FRAMEOBJ) {
+        iframes = 0;
+        size = FRAMEOBJ_WINDOW;
+        off_code = FRAME_OFF(pi->frame_code);
+        off_prev = FRAME_OFF(pi->frame_back);
+        off_instr = FRAME_OFF(pi->frame_lasti);     /* f_lasti, an int */
+        off_owner = off_entry = off_code;           /* unused */
+    } else {
+        iframes = ~0ULL;
+        size = IFRAME_WINDOW;
+        off_code = FRAME_OFF(pi->iframe_code);
+        off_prev = FRAME_OFF(pi->iframe_previous);
+        off_instr = FRAME_OFF(pi->iframe_instr);
+        off_owner = FRAME_OFF(pi->iframe_owner);
+        /* 3.12+ have no is_entry: read the owner byte twice, and ignore it */
+        off_entry = FRAME_OFF(pi->iframe_is_entry >= 0 ? pi->iframe_is_entry : pi->iframe_owner);
+    }
+    /* <= 3.10: every frame is an entry; 3.11: is_entry; 3.12+: none */
+    u32 entry_flag = pi->walker == WALK_ISENTRY ? PYF_ENTRY : 0;
+    u32 frameobj_flags = (u32)~iframes & PYF_ENTRY;
+    s64 adaptive = pi->code_code_adaptive;
+    u64 h = mix(0xcbf29ce484222325ULL ^ tgid, pi->epoch);
+    u32 i;
+    for (i = 0; i < MAX_PY_DEPTH; i++) {
+        if (!f)
+            break;
+        if (bpf_probe_read_user(w, size, (void *)f) != 0) {
+            st->flags |= PYS_READ_FAILED;
+            break;
+        }
+        u64 code = *(u64 *)(w + off_code) & ~3ULL;  /* 3.14 tags f_executable; code objects are 8-aligned */
+        u64 prev = *(u64 *)(w + off_prev);
+        u64 instr = *(u64 *)(w + off_instr);
+        u32 owner = w[off_owner];
+        u32 is_entry = w[off_entry];
+        /* 3.11+: bytes into the bytecode; <= 3.10: f_lasti as stored */
+        u32 offset = (u32)((instr - code - adaptive) & iframes) | ((u32)instr & ~(u32)iframes);
+        u32 flags = ((owner | ((is_entry & 1) << 8 & entry_flag)) & (u32)iframes) | frameobj_flags;
+        struct py_frame *pf = &st->frames[i & PY_MASK];
+        pf->code = code;
+        pf->offset = (int)offset;
+        pf->flags = flags;
+        h = mix(h, code);
+        h = mix(h, ((u64)flags << 32) | offset);
+        f = prev;
+    }
+    if (f && i >= MAX_PY_DEPTH) {
+        st->flags |= PYS_TRUNCATED;
+        count_drop(DROP_PY_TRUNCATED);
+    }
     if (st->flags & PYS_READ_FAILED)
         count_drop(DROP_PY_READ);
-    if (st->flags & PYS_TRUNCATED)
-        count_drop(DROP_PY_TRUNCATED);
-    st->depth = n;
-    if (n == 0)
+    st->depth = i;
+    if (i == 0)
         return 0;
-    u64 h = mix(0xcbf29ce484222325ULL ^ tgid, pi->epoch);
-    for (int j = 0; j < MAX_PY_DEPTH; j++) {
-        if (j >= n)
-            break;
-        struct py_frame *pf = &st->frames[j & PY_MASK];
-        h = mix(h, pf->code);
-        h = mix(h, ((u64)pf->flags << 32) | (u32)pf->offset);
-    }
     h = mix(h, st->flags);
     if (h == 0)
         h = 1;
