@@ -331,6 +331,44 @@ def test_a_finishing_program_the_verifier_refuses_is_not_fatal(recordings, tmp_p
         s.bpf.cleanup()
 
 
+def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
+        recordings, tmp_path, monkeypatch, frozen_sources):
+    """The big maps get the entries the session needs (the kernel's own
+    account of each map: BPF_OBJ_GET_INFO_BY_FD), from one cached entry: a
+    map's size is not part of the programs.  Kernel stacks are kept only
+    with --kernel."""
+    from pyoffcpu import platform as plat
+    from pyoffcpu import session
+    shutil.copytree(recordings["cache"], tmp_path / "cache")
+    monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path / "cache"))
+    compiles = []
+    real = bpfload.compile_in_child
+    monkeypatch.setattr(bpfload, "compile_in_child",
+                        lambda text, cflags: compiles.append(cflags) or real(text, cflags))
+    p = plat.probe()
+
+    def sizes(**opts):
+        s = session.Session(session.Options(pids=[os.getpid()], **opts), p)
+        s._compile()
+        try:
+            got = {}
+            for name in ("kstacks", "ustacks", "threads", "offcpu_start", "pystack_seen", "agg"):
+                info = bpfload.map_info(s.bpf[name].map_fd)
+                assert s.bpf[name].max_entries == info[3]
+                got[name] = info[3]
+            return got
+        finally:
+            s.bpf.cleanup()
+    tables = "-DNATIVE_UNWIND=1" in session.unwind_loader.cflags(plat.BTF_PATH)
+    assert sizes() == {"kstacks": 1, "ustacks": 4096 if tables else 32768, "threads": 16384,
+                       "offcpu_start": 16384, "pystack_seen": 32768, "agg": 65536}
+    assert compiles == []               # the recordings' entry, with other map sizes
+    assert sizes(kernel=True)["kstacks"] == 16384
+    # only hash and stack maps, only smaller: an array's size bounds its indices
+    with pytest.raises(ValueError):
+        bpfload._resized({"maps": [{"name": "control", "type": 2, "max_entries": 1}]}, {"control": 1})
+
+
 def test_btf_offsets_are_remembered_and_a_bad_record_is_ignored(tmp_path):
     from pyoffcpu.btf import Btf, member_offsets
     want = [("task_struct", "pid"), ("task_struct", "se.sum_exec_runtime"), ("pt_regs", "ip")]

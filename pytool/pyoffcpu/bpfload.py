@@ -348,17 +348,19 @@ class Table:
     def __len__(self):
         return sum(1 for _ in self)
 
-    def _batch(self, cmd: int):
-        n = self.max_entries
-        keys, values = (self.Key * n)(), (self.Leaf * n)()
+    def _batch(self, cmd: int, chunk: int = 4096):
+        """Every entry, `chunk` at a time (a full map's worth of buffers at
+        every drain would cost more than the reads)."""
+        n = min(self.max_entries, chunk)
         tok_in = ct.create_string_buffer(max(8, self.key_size))
         tok_out = ct.create_string_buffer(max(8, self.key_size))
-        total, first = 0, True
-        while total < n:
+        first = True
+        key_int, leaf_int = (issubclass(t, ct._SimpleCData) for t in (self.Key, self.Leaf))
+        while True:
+            keys, values = (self.Key * n)(), (self.Leaf * n)()
             a = _attr()
             struct.pack_into("<QQQQIIQQ", a, 0, 0 if first else ct.addressof(tok_in),
-                             ct.addressof(tok_out), ct.addressof(keys) + total * ct.sizeof(self.Key),
-                             ct.addressof(values) + total * ct.sizeof(self.Leaf), n - total,
+                             ct.addressof(tok_out), ct.addressof(keys), ct.addressof(values), n,
                              self.map_fd, 0, 0)
             try:
                 _bpf(cmd, a)
@@ -368,13 +370,13 @@ class Table:
                     raise Exception(f"BPF batch lookup failed: {e.strerror}") from None
                 done = True
             got = struct.unpack_from("<I", a, 32)[0]
-            total += got
+            for i in range(got):        # ctypes objects, as items() gives (indexing makes ints)
+                k, v = keys[i], values[i]
+                yield (self.Key(k) if key_int else k), (self.Leaf(v) if leaf_int else v)
             if done or got == 0:
-                break
+                return
             ct.memmove(tok_in, tok_out, len(tok_in))
             first = False
-        for i in range(total):
-            yield keys[i], values[i]
 
     def items_lookup_batch(self):
         return self._batch(_MAP_LOOKUP_BATCH)
@@ -1055,14 +1057,18 @@ def compile_in_child(text: str, cflags: Sequence[str]) -> dict:
 def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
          preload: Sequence[Tuple[str, int]] = (), optional: Sequence[Tuple[str, int]] = (),
          notices: Optional[List[str]] = None, cache_dir: Optional[str] = "default",
-         log_level: int = 0) -> Program:
+         log_level: int = 0, sizes: Optional[Dict[str, int]] = None) -> Program:
     """The programs of text compiled with cflags, from the cache or from bcc,
     with every raw_tracepoint__<tp> function attached except the tps in
     skip, and the (function, program type) pairs of preload and optional
     loaded too, all at once (the verifier takes most of a start: in parallel
     they take the time of the slowest where there are cores enough).  A
-    failure of an optional program is kept for load_func to raise.  Raises
-    BpfError (one line) or what bcc raises on a miss."""
+    failure of an optional program is kept for load_func to raise.  sizes
+    (map name -> entries) makes hash and stack maps smaller than the source
+    says, for what this session needs: the kernel reserves a preallocated
+    map's memory whole.  A map's size is not in the instructions, so the
+    cached programs serve every size.  Raises BpfError (one line) or what
+    bcc raises on a miss."""
     notices = notices if notices is not None else []
     directory = default_cache_dir() if cache_dir == "default" else cache_dir
     key = cache_key(text, cflags) if directory else None
@@ -1077,7 +1083,7 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
             notices.append(f"BPF program cache {path}: {e}; compiled again")
     if entry is not None:
         try:
-            prog = _start(entry, skip, preload, optional, log_level)
+            prog = _start(entry, skip, preload, optional, log_level, sizes)
             prog.from_cache = True
             return prog
         except Exception as e:                          # noqa: BLE001 (compiled again below)
@@ -1086,14 +1092,35 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
     entry = compile_in_child(text, cflags)
     entry["key"] = key
     _check(entry, key)
-    prog = _start(entry, skip, preload, optional, log_level)
+    prog = _start(entry, skip, preload, optional, log_level, sizes)
     if path:
         _write_entry(directory, path, entry)
     return prog
 
 
+RESIZABLE = (_HASH, _STACK_TRACE)
+
+
+def _resized(entry: dict, sizes: Optional[Dict[str, int]]) -> dict:
+    """entry with the maps of sizes made that many entries (the cached entry
+    itself is left as it is)."""
+    if not sizes:
+        return entry
+    maps = []
+    for m in entry["maps"]:
+        n = sizes.get(m["name"])
+        if n is not None:
+            if m["type"] not in RESIZABLE or not 0 < n <= m["max_entries"]:
+                raise ValueError(f"map {m['name']}: cannot be given {n} entries")
+            m = dict(m, max_entries=n)
+        maps.append(m)
+    return dict(entry, maps=maps)
+
+
 def _start(entry: dict, skip: Iterable[str], preload: Sequence[Tuple[str, int]],
-           optional: Sequence[Tuple[str, int]], log_level: int) -> Program:
+           optional: Sequence[Tuple[str, int]], log_level: int,
+           sizes: Optional[Dict[str, int]] = None) -> Program:
+    entry = _resized(entry, sizes)
     for m in entry["maps"]:                     # every type decodes, before anything is made
         try:
             _check_sizes(m["name"], ctype_of(json.loads(m["key_desc"])),

@@ -201,6 +201,7 @@ class Session:
         self._execs: Dict[int, int] = {}
         self._stats_path = os.environ.get("PYOFFCPU_STATS_FILE")
         self._t0 = 0.0
+        self._entries: Dict[int, Optional[str]] = {}   # Python stack hash -> its entry (_stack_entry)
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -225,6 +226,7 @@ class Session:
         sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
         try:
             self.bpf = bpfload.load(_bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), cflags,
+                                    sizes=map_sizes(o, tables="-DNATIVE_UNWIND=1" in self._unwind_cflags),
                                     skip=() if switches else ("sched_switch",),
                                     preload=[("on_cpu_sample", bpfload.PERF_EVENT)] if sampled else [],
                                     optional=unwind_loader.program_specs(sampled, switches),
@@ -440,12 +442,7 @@ class Session:
             items = [(k, v) for k, v in agg.items_lookup_batch() if k.gen == old]
         except Exception:
             items = [(k, v) for k, v in agg.items() if k.gen == old]
-        if items:
-            keys = (agg.Key * len(items))(*[k for k, _ in items])
-            try:
-                agg.items_delete_batch(keys)
-            except Exception:
-                _delete_each(agg, [k for k, _ in items])
+        _delete_all(agg, [k for k, _ in items])
         return items
 
     def _drain(self, final: bool = False):
@@ -544,14 +541,14 @@ class Session:
         the map, which keeps memory bounded by live threads."""
         table = self.bpf["threads"]
         done = []
-        for k, th in table.items():
+        for k, th in _items(table):
             tid = k.value
             self._thread_times(tid, th)
             if fold_before is not None and th.flags & TH["EXITED"] and th.last_ts < fold_before:
                 self._close_thread(tid, th)
                 self._settle(tid)
                 done.append(k)
-        _delete_each(table, done)
+        _delete_all(table, done)
 
     def _thread_times(self, tid: int, th) -> ThreadTimes:
         t = self.rec.threads.get(tid)
@@ -617,17 +614,36 @@ class Session:
         best, best_ns = "", -1
         for key in self._tid_keys.get(tid, ()):
             ns = self.rec.stacks[key][1]
-            st = self.rec.pystacks.get(key[4]) if key[4] else None
-            if st is None or ns <= best_ns:
+            if not key[4] or ns <= best_ns:
                 continue
-            infos = st.infos or [self.rec.code.get((st.tgid, c)) for c, _, _ in st.frames]
-            for info in reversed(infos):
-                if info is None:
-                    break
-                if not info.filename.endswith("threading.py"):
-                    best, best_ns = f"{info.name} ({os.path.basename(info.filename)})", ns
-                    break
+            entry = self._stack_entry(key[4])
+            if entry is not None:
+                best, best_ns = entry, ns
         return best
+
+    def _stack_entry(self, pyhash: int) -> Optional[str]:
+        """A Python stack's outermost frame that is not threading's own, as
+        `name (file)`; None when there is none or a frame is not known yet.
+        Remembered for a stack whose frames were all read with it (they never
+        change); a server that starts a thread per request asks for the same
+        few stacks thousands of times a second."""
+        got = self._entries.get(pyhash, False)
+        if got is not False:
+            return got
+        st = self.rec.pystacks.get(pyhash)
+        if st is None:
+            return None
+        infos = st.infos or [self.rec.code.get((st.tgid, c)) for c, _, _ in st.frames]
+        entry = None
+        for info in reversed(infos):
+            if info is None:
+                break
+            if not info.filename.endswith("threading.py"):
+                entry = f"{info.name} ({os.path.basename(info.filename)})"
+                break
+        if st.infos:
+            self._entries[pyhash] = entry
+        return entry
 
     def _fold(self, tid: int):
         """Fold an ended thread into the group of its process and entry function."""
@@ -695,7 +711,7 @@ class Session:
     def _finish_threads(self):
         """At the end: close and settle every thread still in the map."""
         self.rec.exact_on_cpu = self.opts.mode == "wall"
-        for k, th in self.bpf["threads"].items():
+        for k, th in _items(self.bpf["threads"]):
             tid = k.value
             if th.tgid not in self.targets:
                 continue
@@ -926,7 +942,7 @@ class Session:
 
     def _flush_blocked(self):
         """Threads still off the CPU at the end: blocked until the end mark."""
-        for k, st in list(self.bpf["offcpu_start"].items()):
+        for k, st in _items(self.bpf["offcpu_start"]):
             tid = k.value
             key = st.key
             ns = self._end_ns - max(st.ts, self._start_ns)
@@ -935,6 +951,44 @@ class Session:
             skey = (key.tgid, key.tid, self._ustack_id(key), key.kstack, key.pystack, key.kind)
             self._fetch_stack_ids(skey[2], key.kstack)
             self._add(skey, 1, ns)
+
+
+def _items(table) -> list:
+    """A BPF map's entries: a few batched syscalls (one or two per entry
+    otherwise, which a server that starts thousands of threads a second
+    pays at every drain)."""
+    try:
+        return list(table.items_lookup_batch())
+    except Exception:                   # noqa: BLE001 (kernels without batch ops)
+        return list(table.items())
+
+
+def _delete_all(table, keys) -> None:
+    """Delete keys from a BPF map, batched; one already gone is no error."""
+    if not keys:
+        return
+    try:
+        table.items_delete_batch((table.Key * len(keys))(*keys))
+    except Exception:                   # noqa: BLE001 (an entry gone meanwhile fails the batch)
+        _delete_each(table, keys)
+
+
+def map_sizes(o: Options, tables: bool) -> Dict[str, int]:
+    """Entries of the big BPF maps this session needs, below what the source
+    gives (its sizes are for -a): the kernel reserves a preallocated map
+    whole, ~100 MiB for all of them.  A map that fills counts a drop, named
+    in the drops line."""
+    sizes = {}
+    if not o.kernel:
+        sizes["kstacks"] = 1            # never written: KERNEL_STACKS=0
+    if tables:
+        sizes["ustacks"] = 4096         # frame-pointer stacks: only where a process has no tables
+    if not o.system_wide:
+        # the targets' threads, live or ended since the last drain (a second),
+        # and those of them blocked now
+        sizes["threads"] = sizes["offcpu_start"] = 16384
+        sizes["pystack_seen"] = 32768   # full: a stack is sent again, not lost
+    return sizes
 
 
 def _delete_each(table, keys) -> None:
