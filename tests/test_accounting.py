@@ -309,25 +309,25 @@ def test_thread_that_never_switches_is_on_cpu_the_whole_recording(label, tmp_pat
             if others:
                 os.sched_setaffinity(0, others)
 
+        # The scheduler's account spans the whole recording and more (from
+        # before pyoffcpu starts to after it ends): what it took is at least
+        # what it took inside the window, so `duration - preempted` below
+        # stays a lower bound however loaded the machine is.
+        wait0, vol0, inv0 = _sched(w.pid, spin)
         proc = subprocess.Popen(pyoffcpu_cmd("-p", str(w.pid), "-d", str(DURATION), "-o", str(out)),
                                 env=env(), stderr=subprocess.PIPE, text=True,
                                 preexec_fn=off_the_spinners_cpu)
         try:
-            wait_for_recording(proc)
-            t0 = time.monotonic()
-            wait0, vol0, inv0 = _sched(w.pid, spin)
-            # the recording's window, not pyoffcpu's work after it
-            time.sleep(max(0.0, t0 + DURATION - time.monotonic()))
-            wait1, vol1, inv1 = _sched(w.pid, spin)
             stderr = proc.stderr.read()
             assert proc.wait(timeout=60) == 0, stderr
+            wait1, vol1, inv1 = _sched(w.pid, spin)
         finally:
             if proc.poll() is None:
                 proc.kill()
     finally:
         w.stop()
     assert vol1 == vol0, ("the spinner blocked: the workload is broken", vol0, vol1)
-    preempted = wait1 - wait0       # what the scheduler really took during the recording
+    preempted = wait1 - wait0       # what the scheduler took, the recording and around it
     doc = json.loads(out.read_text())
 
     # from the profile's weights, against -d (the exact length is below)
