@@ -69,12 +69,21 @@ BPF_HASH(unwind_misses, u32, u64, 1024);
 BPF_PROG_ARRAY(unwind_perf_progs, 1);
 BPF_PROG_ARRAY(unwind_tp_progs, 2);     /* 0: unwind_tp, 1: memo_tp (the entry) */
 
-/* The mapping holding pc, or 0.  maps[] is sorted by start. */
-static __always_inline struct unwind_map *unwind_find_map(struct proc_unwind *pu, u64 pc)
+/* The mapping holding pc, or 0.  maps[] is sorted by start and its
+ * mappings are disjoint, so the one that holds pc is the only answer: the
+ * mapping of the frame before (*hint) is tried first, and most callers are
+ * in the same object as their callee. */
+static __always_inline struct unwind_map *unwind_find_map(struct proc_unwind *pu, u64 pc, u32 *hint)
 {
     u32 n = pu->n;
     if (n == 0 || n > MAX_UNWIND_MAPS)
         return 0;
+    u32 h = *hint;
+    if (h < n) {
+        struct unwind_map *last = &pu->maps[h & UNWIND_MAP_MASK];
+        if (pc >= last->start && pc < last->end)
+            return last;
+    }
     u32 lo = 0, hi = n;             /* the answer is in [lo, hi) */
 #pragma clang loop unroll(disable)
     for (int i = 0; i < UNWIND_MAP_STEPS; i++) {
@@ -89,6 +98,7 @@ static __always_inline struct unwind_map *unwind_find_map(struct proc_unwind *pu
     struct unwind_map *m = &pu->maps[lo & UNWIND_MAP_MASK];
     if (pc < m->start || pc >= m->end)
         return 0;
+    *hint = lo;
     return m;
 }
 
@@ -151,6 +161,36 @@ static __always_inline void memo_word(struct unwind_state *s, u64 addr, u64 val)
         s->memo.hi = addr + 8;
 }
 
+/* n (8 or 16) bytes of the stack at addr into out; 0 when they cannot be
+ * read.  One bpf_probe_read_user costs about the same for 8 bytes as for
+ * 256 (30 ns here; 2 KiB: 50 ns), and a frame's words lie above the last
+ * one's, so the walk reads UNWIND_WIN bytes at a time and takes the words
+ * from that copy while they are in it: the same bytes as reading each word
+ * on its own, at the same moment of the walk.  Near the top of a stack
+ * (the end of its mapping) the copy ends at the page end, and a read that
+ * fits no copy is made on its own. */
+static __always_inline int stack_read(struct unwind_state *s, u64 addr, void *out, u32 n)
+{
+    if (!(addr >= s->win_lo && addr + n <= s->win_lo + s->win_len)) {
+        s->win_len = 0;
+        if (bpf_probe_read_user(s->win, UNWIND_WIN, (void *)addr) == 0) {
+            s->win_len = UNWIND_WIN;
+        } else {
+            u32 to_page_end = 4096 - (u32)(addr & 4095);
+            if (to_page_end < n || to_page_end > UNWIND_WIN ||
+                bpf_probe_read_user(s->win, to_page_end, (void *)addr) != 0)
+                return bpf_probe_read_user(out, n, (void *)addr) == 0;
+            s->win_len = to_page_end;
+        }
+        s->win_lo = addr;
+    }
+    u64 off = (addr - s->win_lo) & (UNWIND_WIN - 1);
+    ((u64 *)out)[0] = *(u64 *)(s->win + off);
+    if (n == 16)
+        ((u64 *)out)[1] = *(u64 *)(s->win + off + 8);
+    return 1;
+}
+
 /* One frame: record pc, then step to the caller.  Returns 0 to go on. */
 static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwind *pu)
 {
@@ -170,7 +210,7 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
     u64 cfa = 0, ra = 0;
     s64 rbp_at = 0;                 /* rbp saved at CFA + rbp_at, 0: unchanged */
     int lost_bp = 0;
-    struct unwind_map *m = unwind_find_map(pu, lookup_pc);
+    struct unwind_map *m = unwind_find_map(pu, lookup_pc, &s->map_hint);
     if (m && m->nrows) {
         u64 rel = lookup_pc - m->base;
         if (rel >> 32) {
@@ -221,7 +261,7 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
     if (rbp_at == -16) {
         /* the common case, push rbp first: both words in one read */
         u64 two[2] = {};
-        if (bpf_probe_read_user(two, sizeof(two), (void *)(cfa - 16)) != 0) {
+        if (!stack_read(s, cfa - 16, two, 16)) {
             s->st.flags |= NST_INCOMPLETE;
             return 1;
         }
@@ -230,13 +270,13 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
         memo_word(s, cfa - 16, bp);
         memo_word(s, cfa - 8, ra);
     } else {
-        if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
+        if (!stack_read(s, cfa - 8, &ra, 8)) {
             s->st.flags |= NST_INCOMPLETE;
             return 1;
         }
         memo_word(s, cfa - 8, ra);
         if (rbp_at) {
-            if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_at)) != 0) {
+            if (!stack_read(s, cfa + rbp_at, &bp, 8)) {
                 bp = 0;
                 s->memo.ok = 0;     /* a failed read cannot be checked again */
             } else {
@@ -279,6 +319,8 @@ static __always_inline int unwind_prepare(u32 tgid, int slot)
     if (!unwind_regs(s))
         return 0;
     s->calls = 0;
+    s->map_hint = MAX_UNWIND_MAPS;  /* none yet */
+    s->win_len = 0;
     s->st.tgid = tgid;
     s->st.depth = 0;
     s->st.flags = 0;

@@ -10,6 +10,7 @@
 #define MAX_UNWIND_MAPS 256         /* executable mappings per process; power of two */
 #define UNWIND_MAP_STEPS 9          /* log2(MAX_UNWIND_MAPS) + 1 */
 #define UNWIND_SEARCH_STEPS 10      /* rows per page <= 1 << UNWIND_SEARCH_STEPS */
+#define UNWIND_WIN 2048             /* bytes of stack read at once; power of two */
 
 /* unwind_row.kind */
 #define UR_INVALID 0                /* no rule the unwinder can follow: stop */
@@ -88,6 +89,10 @@ struct unwind_state {
     unsigned long long hash;
     unsigned int calls;
     unsigned int ready;             /* set up by unwind_prepare() */
+    unsigned int map_hint;          /* index in maps[] of the last frame's mapping */
+    unsigned int win_len;           /* bytes of the stack in win, from win_lo; 0: none */
+    unsigned long long win_lo;
+    unsigned char win[UNWIND_WIN + 16];  /* a copy of the stack the walk is in */
     struct native_stack st;
     struct switch_memo_t memo;      /* the words this walk read (sched_switch) */
 };
