@@ -381,6 +381,44 @@ class Table:
     def items_lookup_batch(self):
         return self._batch(_MAP_LOOKUP_BATCH)
 
+    def raw_lookup_batch(self, delete: bool = False, chunk: int = 4096):
+        """Every entry as raw bytes, `chunk` at a time: (keys, values, n) per
+        chunk, n keys of key_size bytes one after the other, and their values
+        (for struct.iter_unpack: a ctypes object per entry costs more than
+        the rest of a drain)."""
+        cmd = _MAP_LOOKUP_AND_DELETE_BATCH if delete else _MAP_LOOKUP_BATCH
+        n = min(self.max_entries, chunk)
+        ks, vs = ct.sizeof(self.Key), ct.sizeof(self.Leaf)
+        tok_in = ct.create_string_buffer(max(8, self.key_size))
+        tok_out = ct.create_string_buffer(max(8, self.key_size))
+        keys, values = ct.create_string_buffer(n * ks), ct.create_string_buffer(n * vs)
+        first = True
+        while True:
+            a = _attr()
+            struct.pack_into("<QQQQIIQQ", a, 0, 0 if first else ct.addressof(tok_in),
+                             ct.addressof(tok_out), ct.addressof(keys), ct.addressof(values), n,
+                             self.map_fd, 0, 0)
+            try:
+                _bpf(cmd, a)
+                done = False
+            except OSError as e:
+                if e.errno != 2:                        # ENOENT: the end of the map
+                    raise Exception(f"BPF batch lookup failed: {e.strerror}") from None
+                done = True
+            got = struct.unpack_from("<I", a, 32)[0]
+            if got:
+                yield keys.raw[:got * ks], values.raw[:got * vs], got
+            if done or got == 0:
+                return
+            ct.memmove(tok_in, tok_out, len(tok_in))
+            first = False
+
+    def delete_raw_batch(self, raw_keys: bytes) -> None:
+        """Delete the keys of raw_keys (key_size bytes each, as raw_lookup_batch gives)."""
+        ks = ct.sizeof(self.Key)
+        if raw_keys:
+            self.items_delete_batch((self.Key * (len(raw_keys) // ks)).from_buffer_copy(raw_keys))
+
     def items_lookup_and_delete_batch(self):
         return self._batch(_MAP_LOOKUP_AND_DELETE_BATCH)
 

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
@@ -423,27 +424,46 @@ class Session:
         self.rec.drops["python stack events lost"] = self.rec.drops.get(
             "python stack events lost", 0) + count
 
-    def _take_agg(self, final: bool):
+    def _take_agg(self, final: bool) -> List[tuple]:
         """The aggregated times BPF no longer adds to: the old generation (the
-        end mark stops BPF entirely, so at the end everything)."""
+        end mark stops BPF entirely, so at the end everything), as tuples
+        (tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns)."""
         agg = self.bpf["agg"]
-        if final:
-            try:
-                return list(agg.items_lookup_and_delete_batch())
-            except Exception:
-                items = list(agg.items())
-                _delete_each(agg, [k for k, _ in items])
-                return items
-        old = self._gen
-        self._gen ^= 1
-        self._write_control(gen=self._gen)
-        time.sleep(GRACE_S)
+        if not final:
+            old = self._gen
+            self._gen ^= 1
+            self._write_control(gen=self._gen)
+            time.sleep(GRACE_S)
+        kfmt = _unpack_format(agg.Key, AGG_KEY_FIELDS)
+        vfmt = _unpack_format(agg.Leaf, AGG_VALUE_FIELDS)
+        out, stale = [], []
         try:
-            items = [(k, v) for k, v in agg.items_lookup_batch() if k.gen == old]
-        except Exception:
-            items = [(k, v) for k, v in agg.items() if k.gen == old]
-        _delete_all(agg, [k for k, _ in items])
-        return items
+            if kfmt is None or vfmt is None:
+                raise ValueError("not the layout of AGG_KEY_FIELDS")
+            ks = struct.calcsize(kfmt)
+            for kb, vb, n in agg.raw_lookup_batch(delete=final):
+                for i, ((tgid, tid, ustack, kstack, pystack, kind, gen, nstack), (count, ns)) in \
+                        enumerate(zip(struct.iter_unpack(kfmt, kb), struct.iter_unpack(vfmt, vb))):
+                    if final or gen == old:
+                        out.append((tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns))
+                        if not final:
+                            stale.append(kb[i * ks:(i + 1) * ks])
+            if stale:
+                try:
+                    agg.delete_raw_batch(b"".join(stale))
+                except Exception:               # noqa: BLE001 (one gone meanwhile fails the batch)
+                    _delete_each(agg, [agg.Key.from_buffer_copy(k) for k in stale])
+            return out
+        except Exception:                       # noqa: BLE001 (kernels without batch ops)
+            if not final:
+                out = []                        # nothing deleted yet: all read again below
+        # one entry at a time; at the end, what a failed batch took is in out
+        items = list(agg.items())
+        if not final:
+            items = [(k, v) for k, v in items if k.gen == old]
+        _delete_each(agg, [k for k, _ in items])
+        return out + [(k.tgid, k.tid, k.ustack, k.kstack, k.pystack, k.kind, k.nstack, v.count, v.ns)
+                      for k, v in items]
 
     def _drain(self, final: bool = False):
         """Move the aggregated times out of the kernel so the maps stay small."""
@@ -452,13 +472,14 @@ class Session:
         # Python stacks BPF sent before those times were added are in the
         # perf buffer now.
         self.bpf.perf_buffer_poll(timeout=0)
-        for k, v in items:
-            key = (k.tgid, k.tid, self._ustack_id(k), k.kstack, k.pystack, k.kind)
-            self._fetch_stack_ids(key[2], k.kstack)
-            if key[4] and key[4] not in self.rec.pystacks:
-                self._hold(key, v.count, v.ns)
+        pystacks = self.rec.pystacks
+        for tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns in items:
+            key = (tgid, tid, self._ustack_id(ustack, nstack), kstack, pystack, kind)
+            self._fetch_stack_ids(key[2], kstack)
+            if pystack and pystack not in pystacks:
+                self._hold(key, count, ns)
             else:
-                self._add(key, v.count, v.ns)
+                self._add(key, count, ns)
         self._retry_unresolved(final)
         if self.unwinder is not None:
             self.unwinder.sweep(self._native_ids)
@@ -498,13 +519,13 @@ class Session:
                 self.rec.drops_ns[LOST_PYTHON] = self.rec.drops_ns.get(LOST_PYTHON, 0) + ns
                 self._add(key, count, ns)
 
-    def _ustack_id(self, key) -> int:
+    def _ustack_id(self, ustack: int, nstack: int) -> int:
         """The id in rec.ustacks of a key's user stack: the frame-pointer stack
         id, or for an .eh_frame-walked stack an id of its own (read from
         nstacks the first time it is seen)."""
-        h = key.nstack
+        h = nstack
         if not h:
-            return key.ustack
+            return ustack
         sid = self._native_ids.get(h)
         if sid is None:
             got = self.unwinder.stack(h) if self.unwinder is not None else None
@@ -948,9 +969,38 @@ class Session:
             ns = self._end_ns - max(st.ts, self._start_ns)
             if ns <= 0:
                 continue
-            skey = (key.tgid, key.tid, self._ustack_id(key), key.kstack, key.pystack, key.kind)
+            skey = (key.tgid, key.tid, self._ustack_id(key.ustack, key.nstack), key.kstack, key.pystack,
+                    key.kind)
             self._fetch_stack_ids(skey[2], key.kstack)
             self._add(skey, 1, ns)
+
+
+AGG_KEY_FIELDS = ("tgid", "tid", "ustack", "kstack", "pystack", "kind", "gen", "nstack")
+AGG_VALUE_FIELDS = ("count", "ns")
+_CHARS = {ctypes.c_uint32: "I", ctypes.c_int32: "i", ctypes.c_uint64: "Q", ctypes.c_int64: "q",
+          ctypes.c_uint16: "H", ctypes.c_int16: "h", ctypes.c_uint8: "B", ctypes.c_int8: "b"}
+_FORMATS: Dict[type, Optional[str]] = {}
+
+
+def _unpack_format(ctype, names: Tuple[str, ...]) -> Optional[str]:
+    """The struct format that unpacks one ctype, its fields in the order of
+    names (padding skipped); None when its fields are not exactly those, of
+    plain integer types."""
+    if ctype not in _FORMATS:
+        fmt, at = "<", 0
+        fields = getattr(ctype, "_fields_", ())
+        ok = tuple(f[0] for f in fields) == names
+        for name, t in fields if ok else ():
+            off = getattr(ctype, name).offset
+            ch = _CHARS.get(t)
+            if ch is None or off < at:
+                ok = False
+                break
+            fmt += "x" * (off - at) + ch
+            at = off + ctypes.sizeof(t)
+        fmt += "x" * (ctypes.sizeof(ctype) - at)
+        _FORMATS[ctype] = fmt if ok and struct.calcsize(fmt) == ctypes.sizeof(ctype) else None
+    return _FORMATS[ctype]
 
 
 def _items(table) -> list:

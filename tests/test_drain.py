@@ -1,0 +1,129 @@
+"""The drain of the `agg` map (session._take_agg): raw batches unpacked with
+struct give exactly what one ctypes object per entry gives, the old
+generation only, its keys deleted and no others; a kernel without batch
+operations, or a batch that fails half-way, loses nothing.  A fake map with
+the real key layout stands in for the kernel's (the real one is drained by
+every recording test)."""
+import ctypes
+import struct
+
+import pytest
+
+from pyoffcpu import session
+
+
+class Key(ctypes.Structure):
+    _fields_ = [("tgid", ctypes.c_uint), ("tid", ctypes.c_uint), ("ustack", ctypes.c_int),
+                ("kstack", ctypes.c_int), ("pystack", ctypes.c_ulonglong), ("kind", ctypes.c_uint),
+                ("gen", ctypes.c_uint), ("nstack", ctypes.c_ulonglong)]
+
+
+class Leaf(ctypes.Structure):
+    _fields_ = [("count", ctypes.c_ulonglong), ("ns", ctypes.c_ulonglong)]
+
+
+class FakeAgg:
+    """A hash map's entries; batches of `chunk`; `fail_after` chunks, then OSError."""
+    Key, Leaf = Key, Leaf
+
+    def __init__(self, entries, chunk=3, fail_after=None, batch=True):
+        self.entries = {bytes(k): (k, v) for k, v in entries}
+        self.chunk, self.fail_after, self.batch = chunk, fail_after, batch
+        self.deleted = []
+
+    def raw_lookup_batch(self, delete=False):
+        if not self.batch:
+            raise Exception("BPF batch lookup failed: Invalid argument")
+        items = list(self.entries.values())
+        for n, i in enumerate(range(0, len(items), self.chunk)):
+            if self.fail_after is not None and n >= self.fail_after:
+                raise Exception("BPF batch lookup failed: Bad address")
+            part = items[i:i + self.chunk]
+            if delete:
+                for k, _ in part:
+                    del self.entries[bytes(k)]
+                    self.deleted.append(bytes(k))
+            yield b"".join(bytes(k) for k, _ in part), b"".join(bytes(v) for _, v in part), len(part)
+
+    def delete_raw_batch(self, raw):
+        ks = ctypes.sizeof(Key)
+        for i in range(0, len(raw), ks):
+            del self.entries[raw[i:i + ks]]
+            self.deleted.append(raw[i:i + ks])
+
+    def items(self):
+        return list(self.entries.values())
+
+    def __delitem__(self, k):
+        del self.entries[bytes(k)]
+        self.deleted.append(bytes(k))
+
+
+def entries(n=10):
+    out = []
+    for i in range(n):
+        k = Key(tgid=100, tid=200 + i, ustack=-14 if i % 3 else i, kstack=-1, pystack=(1 << 63) + i,
+                kind=i % 5, gen=i % 2, nstack=(i * 7919) << 32)
+        out.append((k, Leaf(count=i + 1, ns=(i + 1) * 1_000_003)))
+    return out
+
+
+def expected(items, gen=None):
+    return sorted((k.tgid, k.tid, k.ustack, k.kstack, k.pystack, k.kind, k.nstack, v.count, v.ns)
+                  for k, v in items if gen is None or k.gen == gen)
+
+
+class Drainer(session.Session):
+    def __init__(self, agg):
+        self.bpf = {"agg": agg}
+        self._gen = 0
+        self.controls = []
+
+    def _write_control(self, **fields):
+        self.controls.append(fields)
+
+
+@pytest.fixture(autouse=True)
+def no_grace(monkeypatch):
+    monkeypatch.setattr(session, "GRACE_S", 0)
+
+
+def test_the_format_unpacks_the_layout_and_refuses_any_other():
+    assert session._unpack_format(Key, session.AGG_KEY_FIELDS) == "<IIiiQIIQ"
+    assert session._unpack_format(Leaf, session.AGG_VALUE_FIELDS) == "<QQ"
+    raw = bytes(entries(1)[0][0])
+    assert struct.unpack(session._unpack_format(Key, session.AGG_KEY_FIELDS), raw) == \
+        (100, 200, 0, -1, 1 << 63, 0, 0, 0)
+
+    class Padded(ctypes.Structure):
+        _fields_ = [("count", ctypes.c_uint8), ("ns", ctypes.c_ulonglong)]
+    assert session._unpack_format(Padded, session.AGG_VALUE_FIELDS) == "<B" + "x" * 7 + "Q"
+
+    class Renamed(ctypes.Structure):
+        _fields_ = [("n", ctypes.c_ulonglong), ("ns", ctypes.c_ulonglong)]
+
+    class Chars(ctypes.Structure):
+        _fields_ = [("count", ctypes.c_char * 8), ("ns", ctypes.c_ulonglong)]
+    assert session._unpack_format(Renamed, session.AGG_VALUE_FIELDS) is None
+    assert session._unpack_format(Chars, session.AGG_VALUE_FIELDS) is None
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["batches", "one-by-one"])
+def test_a_drain_takes_the_old_generation_and_deletes_only_it(batch):
+    items = entries()
+    agg = FakeAgg(items, batch=batch)
+    d = Drainer(agg)
+    got = d._take_agg(final=False)
+    assert sorted(got) == expected(items, gen=0)
+    assert d.controls == [{"gen": 1}] and d._gen == 1
+    assert sorted(agg.deleted) == sorted(bytes(k) for k, _ in items if k.gen == 0)
+    assert sorted(agg.entries) == sorted(bytes(k) for k, _ in items if k.gen == 1)
+
+
+@pytest.mark.parametrize("fail_after", [None, 0, 2])
+def test_the_final_drain_takes_everything_even_when_a_batch_fails(fail_after):
+    items = entries(11)
+    agg = FakeAgg(items, fail_after=fail_after)
+    got = Drainer(agg)._take_agg(final=True)
+    assert sorted(got) == expected(items)       # each entry once: none lost, none twice
+    assert agg.entries == {}
