@@ -306,3 +306,27 @@ def test_render_longrun_with_and_without_the_stats_file():
     assert "|        1000 |           12 |     3 |" in text
     rows = run.targets_summary(run.Results(longrun=_longrun(hook=True)))
     assert rows[-1][1:] == ["<= 150", "49", "PASS"]
+
+
+# -- case 6, 10 and 11 helpers -------------------------------------------------------------------
+def test_spread_loss_and_rounds():
+    assert harness.spread([3.0, None, 1.0, 2.0]) == {"n": 3, "median": 2.0, "min": 1.0, "max": 3.0}
+    assert harness.spread([None]) == {"n": 0, "median": None, "min": None, "max": None}
+    assert harness.loss(97.0, 100.0) == pytest.approx(0.03)
+    assert harness.loss(110.0, 100.0) == pytest.approx(-0.10)
+    assert harness.loss(None, 100.0) is None and harness.loss(1.0, 0.0) is None
+    rounds = [{"alone": 100.0, "wall": 90.0}, {"alone": 200.0}, {"alone": 50.0, "wall": 49.0}]
+    assert harness.per_round_losses(rounds, "alone", "wall") == pytest.approx([0.10, 0.02])
+    assert harness.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert harness.rotated([], 3) == []
+    assert harness.fmt_pct(0.031) == "+3.1%" and harness.fmt_pct(-0.1) == "-10.0%"
+    assert harness.fmt_pct(None) == "n/a"
+    assert harness.fmt_range(0.4271, 0.7869) == "0.43–0.79" and harness.fmt_range(None, 1) == "n/a"
+
+
+def test_maps_memlock_counts_each_map_once():
+    m1 = "pos:\t0\nflags:\t02000002\nmap_type:\t1\nmemlock:\t4096\nmap_id:\t7\n"
+    m2 = "pos:\t0\nmap_type:\t2\nmemlock:\t100\nmap_id:\t9\n"
+    prog = "pos:\t0\nprog_type:\t17\nprog_id:\t3\n"
+    assert harness.maps_memlock([m1, m2, m1, prog]) == (2, 4196)
+    assert harness.maps_memlock([]) == (0, 0)

@@ -69,6 +69,41 @@ class Pairs:
         }
 
 
+def spread(values: Sequence[Optional[float]]) -> Dict[str, Optional[float]]:
+    """n, median, min and max of the values that are not None (None for each
+    of the last three when there are none)."""
+    vals = [v for v in values if v is not None]
+    return {"n": len(vals), "median": median(vals), "min": min(vals) if vals else None,
+            "max": max(vals) if vals else None}
+
+
+def loss(value: Optional[float], base: Optional[float]) -> Optional[float]:
+    """The fraction of `base` that `value` falls short of it (1 - value/base;
+    negative when value is larger); None without both or with base <= 0."""
+    if value is None or base is None or base <= 0:
+        return None
+    return 1.0 - value / base
+
+
+def per_round_losses(rounds: Sequence[Dict[str, float]], base: str, label: str) -> List[float]:
+    """Of rounds ({configuration: value} each), the loss of `label` against
+    `base` in every round that has both."""
+    out = []
+    for r in rounds:
+        x = loss(r.get(label), r.get(base))
+        if x is not None:
+            out.append(x)
+    return out
+
+
+def rotated(items: Sequence, i: int) -> list:
+    """items rotated left by i (round i of a rotating order)."""
+    if not items:
+        return []
+    k = i % len(items)
+    return list(items[k:]) + list(items[:k])
+
+
 def verdict(value: Optional[float], limit: Optional[float]) -> str:
     """PASS/MISS of `value <= limit`; an em dash where there is no target, n/a without a value."""
     if limit is None:
@@ -89,6 +124,20 @@ def fmt_ratio_range(lo: Optional[float], hi: Optional[float]) -> str:
     if lo is None or hi is None:
         return "n/a"
     return f"{lo:.3f}–{hi:.3f}"
+
+
+def fmt_range(lo: Optional[float], hi: Optional[float], digits: int = 2) -> str:
+    """lo–hi with `digits` decimals, n/a without both."""
+    if lo is None or hi is None:
+        return "n/a"
+    return f"{lo:.{digits}f}–{hi:.{digits}f}"
+
+
+def fmt_pct(frac: Optional[float], digits: int = 1) -> str:
+    """A fraction as a signed percentage (0.031 -> +3.1%), n/a for None."""
+    if frac is None:
+        return "n/a"
+    return f"{100 * frac:+.{digits}f}%"
 
 
 def fmt_bytes(n: Optional[float]) -> str:
@@ -180,6 +229,23 @@ def max_error_pp(measured: Dict[str, float], truth: Dict[str, float]) -> float:
 
 
 # -- BPF run-time statistics --------------------------------------------------------
+def maps_memlock(fdinfos: Iterable[str]) -> Tuple[int, int]:
+    """(maps, bytes) over the /proc/PID/fdinfo texts of a process's bpf-map
+    fds: the sum of their `memlock` (the kernel's memory of the map), each
+    map counted once (by map_id) however many fds hold it."""
+    seen = {}
+    for text in fdinfos:
+        d = parse_fdinfo(text)
+        if "memlock" not in d:
+            continue
+        key = d.get("map_id") or f"fd{len(seen)}"
+        try:
+            seen[key] = int(d["memlock"])
+        except ValueError:
+            continue
+    return len(seen), sum(seen.values())
+
+
 def parse_fdinfo(text: str) -> Dict[str, str]:
     """/proc/PID/fdinfo/FD as a dict of its `key:\tvalue` lines."""
     out = {}
@@ -208,6 +274,10 @@ def prog_label(name: str) -> str:
         return "sched_switch (raw tracepoint)"
     if name == "on_cpu_sample":
         return "on_cpu_sample (perf_event)"
+    if name == "sched_process_f":
+        return "sched_process_fork (raw tracepoint)"
+    if name == "sched_process_e":
+        return "sched_process_exec (raw tracepoint)"
     return name
 
 

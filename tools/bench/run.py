@@ -10,11 +10,18 @@ Cases (numbers as in issue #5):
   3 two threads ping-ponging over pipes    slowdown, pyoffcpu wall vs py-spy --idle
   4 bystander: 3's workload unprofiled while pyoffcpu -p profiles an idle process
   5 accuracy against a built-in wall-time split
-  6 startup (to the first sample in the kernel map) and teardown (SIGINT to file)
+  6 startup, warm (program cache filled) and cold (emptied): to the first sample in
+    the kernel map, to the `recording` line, peak RSS with children; py-spy's attach;
+    where a warm start goes; teardown (SIGINT to file)
   7 exporters on a synthetic 1,000,000-sample / 50,000-stack profile
   8 BPF run time per event, from the B runs of 1-4 (kernel.bpf_stats_enabled)
   9 long run (issue 8): a server that starts a thread per request, ~2,000
     requests/s from a client process; pyoffcpu's RSS, maps and drops each minute
+ 10 throughput (issue 10): the same server, a client as fast as it goes; requests/s
+    alone, under pyoffcpu --mode wall / --mode cpu and py-spy --idle, in rounds;
+    the profiler's CPU, and its BPF programs' run times in one more run per mode
+ 11 memory of one session over 1, 10 and 100 idle target processes: peak RSS,
+    the kernel memory of its BPF maps, time to `recording`
 
 Each slowdown is measured in pairs: one fresh target process does the fixed
 work once alone (A) and once profiled (B), in the order AB or BA alternating
@@ -22,12 +29,20 @@ from pair to pair, after a warm-up; the pair's ratio is B/A. The profiler is
 attached before B starts and gone before A starts, so its start-up and
 teardown are not in either time.
 
+Case 6 and 11 run pyoffcpu with PYOFFCPU_CACHE_DIR in the bench's temporary
+folder: a cold start empties that folder's `bpf` cache, never the user's.
+
 Knobs (environment or options): BENCH_PAIRS (7), BENCH_WORK_S (1.0 s of work
 per run), BENCH_LONG_S (long teardown recording, 60 s; case 9 records
 max(120 s, BENCH_LONG_S): BENCH_LONG_S=600 is the 10-minute run),
 BENCH_THREADSERVER_S (case 9's recording, overriding that), BENCH_THREADSERVER_RATE
 (its requests/s, 2000), BENCH_THREADSERVER_CLIENTS (its client threads, 8), BENCH_CASES (all),
 BENCH_SWITCH_RATE (ping-pong switches/s, 40000; 0 = as fast as it goes),
+BENCH_ACC_RUNS (case 5's runs per profiler, 2), BENCH_ACC_S (their seconds, 8),
+BENCH_STARTUP_RUNS (case 6's warm, cold and py-spy starts, 5 each),
+BENCH_SERVER_S (case 10's window per measurement, 10 s), BENCH_SERVER_ROUNDS
+(its rounds, 3), BENCH_SERVER_CLIENTS (its client threads, 8), BENCH_TARGETS
+(case 11's numbers of targets, 1,10,100), BENCH_TARGETS_S (its recording, 5 s),
 BENCH_PYTHON (/usr/bin/python3: the interpreter of the targets), BENCH_REV
 (benchmark a commit, e.g. HEAD, exported with git archive, instead of the
 working tree), BENCH_REFERENCES=0 (leave out case 4's reference programs).
@@ -54,12 +69,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
 import bpfstats  # noqa: E402
+import startup as starts  # noqa: E402  (tools/startup.py: one start of pyoffcpu, measured)
 from harness import (Pairs, checkpoints, counts_by_checkpoint, fmt_bytes, fmt_clock,  # noqa: E402
-                     fmt_num, fmt_ratio_range, folded_summary, function_shares, latest_before,
-                     linear_slope, markdown_table, max_error_pp, median, parse_drop_defines,
-                     parse_drops_line, parse_folded, parse_stats_lines, proc_stat_cpu_ticks,
-                     proc_status_kib, prog_delta, prog_label, rss_growth, verdict)
+                     fmt_num, fmt_pct, fmt_range, fmt_ratio_range, folded_summary, function_shares,
+                     latest_before, linear_slope, loss, maps_memlock, markdown_table, max_error_pp, median,
+                     parse_drop_defines, parse_drops_line, parse_folded, parse_stats_lines,
+                     per_round_losses, proc_stat_cpu_ticks, proc_status_kib, prog_delta, prog_label,
+                     rotated, rss_growth, spread, verdict)
 
 WORKLOADS = os.path.join(HERE, "workloads.py")
 EXPORTERS = os.path.join(HERE, "exporters.py")
@@ -259,6 +278,7 @@ class Tools:
     env: Optional[Dict[str, str]] = None       # for pyoffcpu and the exporters (--tree)
     sysctl: Optional[bpfstats.StatsSysctl] = None
     profs: Dict[str, "Profiler"] = field(default_factory=dict)
+    cache_dir: str = ""                         # the bench's PYOFFCPU_CACHE_DIR (cases 6 and 11)
 
 
 def setup_pyspy() -> Tuple[Optional[List[str]], str]:
@@ -295,6 +315,8 @@ class Results:
     startup: Optional[dict] = None
     exporters: List[dict] = field(default_factory=list)
     longrun: Optional[dict] = None
+    server: Optional[dict] = None               # case 10
+    multi: Optional[dict] = None                # case 11
     notes: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
 
@@ -500,62 +522,75 @@ def accuracy_case(tools: Tools, res: Results, runs: int, seconds: float):
 
 
 # -- case 6: startup and teardown ---------------------------------------------------------------------
+def cache_env(tools: Tools) -> Dict[str, str]:
+    """pyoffcpu's environment with the bench's own program cache
+    (PYOFFCPU_CACHE_DIR in the bench's temporary folder): cold starts empty
+    it, never the user's."""
+    return dict(tools.env if tools.env is not None else os.environ, PYOFFCPU_CACHE_DIR=tools.cache_dir)
+
+
+def _start_row(r: dict) -> dict:
+    return {k: r[k] for k in ("first", "recording", "hwm_mib", "maxrss_mib", "cpu_s", "total_s")}
+
+
 def startup_case(tools: Tools, res: Results, runs: int, short_s: float, long_s: float):
-    out = {"pyoffcpu": [], "pyspy": [], "teardown": []}
-    for i in range(runs):
-        w = Worker(tools.python, "split")
-        p = probe = None
-        try:
-            w.start_run(3600)
-            time.sleep(0.3)
-            t0 = time.monotonic()
-            p = Proc(tools.pyoffcpu + ["-p", str(w.pid), "--mode", "wall",
-                                       "-o", os.path.join(tools.outdir, f"c6-start-{i}.folded")], env=tools.env)
-            probe = bpfstats.FirstSampleProbe(p.pid)
-            first = None
-            while first is None and time.monotonic() - t0 < 120:
-                if probe.poll():
-                    first = time.monotonic()
-                    break
-                if p.p.poll() is not None:
-                    raise RuntimeError(f"pyoffcpu exited: {p.stderr_tail()}")
-                time.sleep(0.005)
-            rec = p.wait_err(r"^pyoffcpu: recording", 60)
-            out["pyoffcpu"].append({"recording": rec - t0, "first": (first - t0) if first else None})
-            log(f"case 6 startup {i + 1}/{runs}: recording line {rec - t0:.2f}s, first sample "
-                f"{(first - t0) if first else float('nan'):.2f}s")
-            p.interrupt()
-            p.wait(120)
-        except Exception as e:                                  # noqa: BLE001
-            res.errors.append(f"case 6 startup run {i + 1}: {e}")
-            log(f"case 6 startup {i + 1}: FAILED: {e}")
-        finally:
-            if probe:
-                probe.close()
-            if p:
-                p.kill()
-            w.close()
-    if tools.pyspy:
-        for i in range(min(3, runs)):
-            w = Worker(tools.python, "split")
-            p = None
-            try:
-                w.start_run(3600)
-                time.sleep(0.3)
-                t0 = time.monotonic()
-                p = Proc(tools.pyspy + ["record", "-p", str(w.pid), "-r", "100", "--idle", "-f", "raw",
-                                        "-o", os.path.join(tools.outdir, f"c6-pyspy-{i}.txt")], merge=True)
-                t = p.wait_err(r"py-spy> Sampling process", 60)
-                out["pyspy"].append({"recording": t - t0})
-                p.interrupt()
-                p.wait(60)
-            except Exception as e:                              # noqa: BLE001
-                res.errors.append(f"case 6 py-spy startup run {i + 1}: {e}")
-            finally:
-                if p:
-                    p.kill()
-                w.close()
-    out["breakdown"] = startup_breakdown(tools)
+    """Warm and cold starts of `pyoffcpu -p PID --mode wall -d 1` (tools/startup.py
+    measures each: first sample, `recording` line, peak RSS with and without
+    children), py-spy's attach, where a warm start goes, and teardown."""
+    out = {"warm": [], "cold": [], "pyspy": [], "teardown": [], "runs": runs}
+    env = cache_env(tools)
+    folded = os.path.join(tools.outdir, "c6-start.folded")
+    w = Worker(tools.python, "split")
+    try:
+        w.start_run(3600)
+        time.sleep(0.3)
+        try:                                            # untimed: fills the bench's cache
+            r = starts.start_run(tools.pyoffcpu, w.pid, folded, tools.cache_dir, False, env=env)
+            entries = [n for n in os.listdir(os.path.join(tools.cache_dir, "bpf")) if n.endswith(".bpf")]
+            log(f"case 6: cache filled ({len(entries)} program entries in {tools.cache_dir}/bpf) by a "
+                f"{r['total_s']:.1f} s run")
+            if not entries:
+                res.errors.append("case 6: the fill run left no program entry in the cache: "
+                                  "the warm starts are cold")
+        except Exception as e:                          # noqa: BLE001
+            res.errors.append(f"case 6 cache fill: {e}")
+            log(f"case 6 cache fill: FAILED: {e}")
+        for i in range(runs):
+            # warm and cold alternate (a cold run fills the cache again for the next warm one)
+            for cold in ((False, True) if i % 2 == 0 else (True, False)):
+                kind = "cold" if cold else "warm"
+                try:
+                    r = starts.start_run(tools.pyoffcpu, w.pid, folded, tools.cache_dir, cold, env=env)
+                    out[kind].append(_start_row(r))
+                    log(f"case 6 {kind} start {i + 1}/{runs}: first sample {fmt_num(r['first'], 3)} s, "
+                        f"recording line {fmt_num(r['recording'], 3)} s, VmHWM {r['hwm_mib']:.0f} MiB, "
+                        f"with children {r['maxrss_mib']:.0f} MiB, CPU {r['cpu_s']:.2f} s")
+                    for line in starts.notices(r["stderr"]):
+                        log(f"  {line}")
+                except Exception as e:                  # noqa: BLE001
+                    res.errors.append(f"case 6 {kind} start {i + 1}: {e}")
+                    log(f"case 6 {kind} start {i + 1}: FAILED: {e}")
+        if tools.pyspy:
+            for i in range(runs):
+                p = None
+                try:
+                    t0 = time.monotonic()
+                    p = Proc(tools.pyspy + ["record", "-p", str(w.pid), "-r", "100", "--idle", "-f", "raw",
+                                            "-o", os.path.join(tools.outdir, f"c6-pyspy-{i}.txt")], merge=True)
+                    t = p.wait_err(r"py-spy> Sampling process", 60)
+                    out["pyspy"].append({"recording": t - t0})
+                    log(f"case 6 py-spy start {i + 1}/{runs}: `Sampling process` after {t - t0:.3f} s")
+                    p.interrupt()
+                    p.wait(60)
+                except Exception as e:                  # noqa: BLE001
+                    res.errors.append(f"case 6 py-spy startup run {i + 1}: {e}")
+                    log(f"case 6 py-spy start {i + 1}: FAILED: {e}")
+                finally:
+                    if p:
+                        p.kill()
+    finally:
+        w.close()
+    out["breakdown"] = startup_breakdown(tools, env)
     plan = [("pyoffcpu", short_s), ("pyoffcpu", short_s), ("pyoffcpu", long_s)]
     if tools.pyspy:
         plan.insert(2, ("py-spy", short_s))
@@ -566,7 +601,7 @@ def startup_case(tools: Tools, res: Results, runs: int, short_s: float, long_s: 
             w.start_run(secs + 3600)
             svg = os.path.join(tools.outdir, f"c6-teardown-{i}.svg")
             if who == "pyoffcpu":
-                p = Proc(tools.pyoffcpu + ["-p", str(w.pid), "--mode", "wall", "-o", svg], env=tools.env)
+                p = Proc(tools.pyoffcpu + ["-p", str(w.pid), "--mode", "wall", "-o", svg], env=env)
                 ready = p.wait_err(r"^pyoffcpu: recording", 120)
             else:
                 p = Proc(tools.pyspy + ["record", "-p", str(w.pid), "-r", "100", "--idle", "-o", svg], merge=True)
@@ -598,19 +633,26 @@ def startup_case(tools: Tools, res: Results, runs: int, short_s: float, long_s: 
     res.startup = out
 
 
-BREAKDOWN = [   # (file suffix, function, what it is)
-    ("bcc/__init__.py", "__init__", "bcc BPF(): clang compile (+ load of the auto-attached tracepoint program)"),
-    ("bcc/__init__.py", "load_func", "bcc load_func: the kernel verifier, all programs"),
-    ("bcc/__init__.py", "attach_perf_event", "bcc attach_perf_event: cpu-clock on every CPU"),
-    ("pyoffcpu/platform.py", "probe", "pyoffcpu platform probe (BTF offsets)"),
-    ("pyoffcpu/session.py", "_add_target", "pyoffcpu: find the target's CPython, register it"),
+BREAKDOWN = [   # (file suffix, function, what it is); a step that did not run is left out
+    ("pyoffcpu/session.py", "<module>", "import pyoffcpu.session (and all it imports)"),
+    ("pyoffcpu/platform.py", "probe", "platform.probe: privileges, BTF offsets of task_struct, tracefs"),
+    ("pyoffcpu/session.py", "_compile", "Session._compile: bpfload.load and its cflags"),
+    ("pyoffcpu/bpfload.py", "load", "bpfload.load: cache lookup, maps, verifier, raw tracepoints attached"),
+    ("pyoffcpu/bpfload.py", "cache_key", "bpfload.cache_key: sha256 of the text, headers, BTF, bcc"),
+    ("pyoffcpu/bpfload.py", "_read_entry", "bpfload._read_entry: read and check the cache entry"),
+    ("pyoffcpu/bpfload.py", "compile_in_child", "bpfload.compile_in_child: bcc/clang (a cache miss only)"),
+    ("pyoffcpu/bpfload.py", "load_funcs_parallel", "bpfload.load_funcs_parallel: the kernel verifier, "
+                                                   "all programs"),
+    ("pyoffcpu/session.py", "_attach", "Session._attach: perf events, perf buffer, the unwinder's tail-call slots"),
+    ("pyoffcpu/bpfload.py", "attach_perf_event", "Program.attach_perf_event: cpu-clock on every CPU"),
+    ("pyoffcpu/session.py", "_add_target", "Session._add_target: find the target's CPython, register it"),
 ]
 
 
-def startup_breakdown(tools: Tools) -> List[Tuple[str, float]]:
-    """One `pyoffcpu -p` start under cProfile: the cumulative seconds of the
-    known big steps (C work, as clang and the verifier, is not slowed down by
-    the profiler; Python work is, a little)."""
+def startup_breakdown(tools: Tools, env: Optional[Dict[str, str]] = None) -> List[Tuple[str, float]]:
+    """One warm `pyoffcpu -p` start (env: the bench's filled cache) under
+    cProfile: the cumulative seconds of the known big steps (C work, as the
+    verifier, is not slowed down by the profiler; Python work is, a little)."""
     import pstats
     w = Worker(tools.python, "split")
     path = os.path.join(tools.outdir, "c6-startup.pstats")
@@ -619,7 +661,7 @@ def startup_breakdown(tools: Tools) -> List[Tuple[str, float]]:
         time.sleep(0.3)
         r = subprocess.run([sys.executable, "-m", "cProfile", "-o", path, "-m", "pyoffcpu", "-p", str(w.pid),
                             "-d", "0.5", "-o", os.path.join(tools.outdir, "c6-breakdown.folded")],
-                           capture_output=True, text=True, timeout=180, env=tools.env)
+                           capture_output=True, text=True, timeout=180, env=env if env is not None else tools.env)
         if r.returncode != 0 or not os.path.exists(path):
             log(f"case 6 startup breakdown: pyoffcpu exited {r.returncode}")
             return []
@@ -629,6 +671,7 @@ def startup_breakdown(tools: Tools) -> List[Tuple[str, float]]:
             cts = [v[3] for (f, _, name), v in st.items() if f.endswith(suffix) and name == fn]
             if cts:
                 out.append((what, max(cts)))
+        log("case 6 where a warm start goes: " + ", ".join(f"{what.split(':')[0]} {t:.2f}s" for what, t in out))
         return out
     except Exception as e:                                      # noqa: BLE001
         log(f"case 6 startup breakdown: {e}")
@@ -949,6 +992,340 @@ def render_longrun(d: dict, args) -> List[str]:
     return out
 
 
+# -- case 10: throughput of a thread-per-request server under each profiler ---------------------------
+SERVER_LOSS_MAX = 0.03          # issue 10: pyoffcpu --mode wall costs the server at most 3% of its requests/s
+SERVER_WARMUP_S = 2.0           # the client's load settles before a profiler comes or the window starts
+SERVER_PROFILERS = ("pyoffcpu --mode wall", "pyoffcpu --mode cpu -F 99", "py-spy record --idle -r 100")
+ALONE = "alone"
+
+
+def _cpu_s(pid: int) -> Optional[float]:
+    """User+system seconds of a live process (all its threads), None once it is gone."""
+    st = _read(f"/proc/{pid}/stat")
+    if st is None:
+        return None
+    try:
+        return proc_stat_cpu_ticks(st) / os.sysconf("SC_CLK_TCK")
+    except (ValueError, IndexError):
+        return None
+
+
+def server_measure(tools: Tools, prof: Optional[Profiler], seconds: float, clients: int, tag: str,
+                   with_stats: bool = False) -> dict:
+    """A fresh ThreadingHTTPServer, a client in another process as fast as it
+    goes, `prof` attached (None: alone) before a window of `seconds`: the
+    requests/s the server answered in the window, the profiler's CPU seconds
+    in it (and its BPF programs' run counts and times with_stats), then the
+    profiler stopped (SIGINT, its file written)."""
+    srv = Proc([tools.python, THREADSERVER, "server"], stdin=True)
+    cli = p = stats = None
+    out_base = os.path.join(tools.outdir, tag)
+    try:
+        port = int(srv.expect("ready ", 30).split()[1])
+        cli = Proc([tools.python, THREADSERVER, "client", str(port), "--rate", "0",
+                    "--seconds", f"{seconds + 900:g}", "--threads", str(clients)])
+        time.sleep(SERVER_WARMUP_S)
+        if not _server_stats(srv)["served"]:
+            raise RuntimeError(f"the server answered nothing in {SERVER_WARMUP_S:g} s "
+                               f"(client: {cli.stderr_tail()})")
+        m = {"profiler": prof.label if prof else ALONE}
+        if prof:
+            p = Proc(prof.argv(srv.pid, out_base), merge=prof.merge, env=tools.env if prof.pyoffcpu else None)
+            t_ready = p.wait_err(prof.ready, 120)
+            m["start_s"] = t_ready - p.started
+            time.sleep(SETTLE_S)
+            if with_stats:
+                stats = bpfstats.ProgStats(p.pid)
+                before = stats.read()
+            cpu0 = _cpu_s(p.pid)
+        s0 = _server_stats(srv)
+        time.sleep(seconds)
+        s1 = _server_stats(srv)
+        if prof:
+            cpu1 = _cpu_s(p.pid)
+            if with_stats:
+                m["progs"] = prog_delta(before, stats.read())
+            if p.p.poll() is not None or cpu0 is None or cpu1 is None:
+                raise RuntimeError(f"{prof.label} exited during the window: {p.stderr_tail()}")
+            m["profiler_cpu_s"] = cpu1 - cpu0
+        m["window_s"] = s1["t"] - s0["t"]
+        m["served"] = s1["served"] - s0["served"]
+        m["rate"] = m["served"] / max(1e-6, m["window_s"])
+        if prof:
+            t_sig = time.monotonic()
+            p.interrupt()
+            rc = p.wait(600)
+            m["stop_s"] = time.monotonic() - t_sig
+            if rc != 0:
+                raise RuntimeError(f"{prof.label} exited {rc}: {p.stderr_tail()}")
+        cli.interrupt()
+        try:
+            c = json.loads(cli.expect("done ", 30).split(" ", 1)[1])
+            m["client_errors"] = c.get("errors", 0)
+        except RuntimeError as e:
+            log(f"case 10 client: {e}")
+        return m
+    finally:
+        if stats:
+            stats.close()
+        if p:
+            p.kill()
+        if cli:
+            cli.interrupt()
+            try:
+                cli.p.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+            cli.kill()
+        if srv.p.poll() is None:
+            try:
+                srv.send("exit")
+                srv.p.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        srv.kill()
+        for ext in (".folded", ".txt"):
+            if os.path.exists(out_base + ext):
+                os.unlink(out_base + ext)
+
+
+def server_case(tools: Tools, res: Results, seconds: float, rounds: int, clients: int):
+    """`rounds` rounds, each every configuration once (alone and under each
+    profiler) in a rotating order, a fresh server per measurement; then one
+    more run per pyoffcpu mode with kernel.bpf_stats_enabled=1."""
+    P = tools.profs
+    configs = [ALONE] + [k for k in SERVER_PROFILERS if k in P]
+    out = {"seconds": seconds, "rounds": rounds, "clients": clients, "configs": configs,
+           "runs": {c: [] for c in configs}, "per_round": [], "stats": []}
+    for i in range(rounds):
+        this: Dict[str, float] = {}
+        for label in rotated(configs, i):
+            tag = f"c10-{i}-{'alone' if label == ALONE else label.split()[0] + '-' + label.split()[2]}"
+            try:
+                m = server_measure(tools, P.get(label), seconds, clients, tag)
+                out["runs"][label].append(m)
+                this[label] = m["rate"]
+                log(f"case 10 round {i + 1}/{rounds} {label}: {m['rate']:.0f} requests/s over "
+                    f"{m['window_s']:.1f} s" + (f", profiler CPU {m['profiler_cpu_s']:.2f} s, stopped in "
+                                                f"{m['stop_s']:.1f} s" if label != ALONE else "")
+                    + (f", {m['client_errors']} failed requests" if m.get("client_errors") else ""))
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 10 round {i + 1} {label}: {e}")
+                log(f"case 10 round {i + 1} {label}: FAILED: {e}")
+        out["per_round"].append(this)
+    if tools.sysctl is not None and tools.sysctl.available:
+        for label in configs:
+            prof = P.get(label)
+            if not prof or not prof.stats:
+                continue
+            try:
+                tools.sysctl.on()
+                try:
+                    m = server_measure(tools, prof, seconds, clients, "c10-stats", with_stats=True)
+                finally:
+                    tools.sysctl.off()
+                out["stats"].append(m)
+                log(f"case 10 BPF run times under {label} ({m['rate']:.0f} requests/s): "
+                    + ", ".join(f"{prog_label(k)} {c} runs {ns / max(1, c):.0f} ns"
+                                for k, (c, ns) in sorted(m["progs"].items()) if c))
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 10 {label} BPF stats run: {e}")
+                log(f"case 10 {label} BPF stats run: FAILED: {e}")
+    res.server = out
+
+
+def server_summary(d: dict) -> List[dict]:
+    """Per configuration: its requests/s (median, min, max), the loss against
+    the alone median and the median of its per-round losses against the alone
+    run of the same round, the profiler's CPU seconds in the window."""
+    alone = spread([m["rate"] for m in d["runs"].get(ALONE, [])])["median"]
+    rows = []
+    for label in d["configs"]:
+        runs = d["runs"][label]
+        s = spread([m["rate"] for m in runs])
+        cpu = spread([m.get("profiler_cpu_s") for m in runs])
+        per_round = per_round_losses(d["per_round"], ALONE, label) if label != ALONE else []
+        rows.append({"label": label, "n": s["n"], "median": s["median"], "min": s["min"], "max": s["max"],
+                     "loss": loss(s["median"], alone) if label != ALONE else None,
+                     "round_loss": median(per_round), "rounds_paired": len(per_round),
+                     "cpu_s": cpu["median"], "start_s": median([m.get("start_s") for m in runs]),
+                     "stop_s": median([m.get("stop_s") for m in runs]),
+                     "errors": sum(m.get("client_errors", 0) for m in runs),
+                     "target": SERVER_LOSS_MAX if label == "pyoffcpu --mode wall" else None})
+    return rows
+
+
+def render_server(d: dict) -> List[str]:
+    out = [f"## Thread-per-request server throughput (case 10): {d['rounds']} rounds x {d['seconds']:g} s "
+           "per configuration\n"]
+    out.append(f"An `http.server.ThreadingHTTPServer` (127.0.0.1, HTTP/1.0: one connection and one new thread "
+               f"per request) under the target Python, and a client of {d['clients']} threads in a process "
+               "of their own sending as fast as the answers come. Requests/s answered by the server over "
+               f"a {d['seconds']:g} s window; the profiler attached before it (its ready line, then "
+               f"{SETTLE_S:g} s) and stopped after it; a fresh server and client for every measurement, "
+               "each round every configuration once, in an order rotating from round to round.\n")
+    rows = []
+    for r in server_summary(d):
+        tgt = r["target"]
+        window = d["seconds"]
+        rows.append([r["label"], r["n"], fmt_num(r["median"], 0), fmt_range(r["min"], r["max"], 0),
+                     fmt_pct(r["loss"]) if r["label"] != ALONE else "—",
+                     (fmt_pct(r["round_loss"]) + f" ({r['rounds_paired']})") if r["label"] != ALONE else "—",
+                     fmt_num(r["cpu_s"], 2) if r["label"] != ALONE else "—",
+                     f"{100 * r['cpu_s'] / window:.0f}%" if r["cpu_s"] is not None else "—",
+                     f"<= {100 * tgt:g}%" if tgt else "—",
+                     verdict(r["loss"], tgt) if tgt else "—"])
+    out.append(markdown_table(["configuration", "runs", "requests/s median", "min–max",
+                               "loss vs alone median", "loss vs alone, same round (median; rounds)",
+                               "profiler CPU s in window", "of one core", "target", ""], rows, "lrrrrrrrrl"))
+    out.append("")
+    errs = {r["label"]: r["errors"] for r in server_summary(d) if r["errors"]}
+    out.append("Loss: 1 - requests/s under the profiler / requests/s alone (negative: more requests "
+               "than alone; the spread of the alone runs is the noise). The verdict is on the loss "
+               "against the alone median. Profiler CPU: the profiler process's user+system time during "
+               "the window (/proc/PID/stat); BPF programs run in the context of the threads they "
+               "observe and are not in it."
+               + (" Failed requests: " + ", ".join(f"{k} {v}" for k, v in errs.items()) + "." if errs else ""))
+    out.append("")
+    if d.get("stats"):
+        rows = []
+        for m in d["stats"]:
+            w = m["window_s"]
+            for name, (cnt, ns) in sorted(m.get("progs", {}).items()):
+                lb = prog_label(name)
+                if not cnt and not lb.startswith(("sched_switch", "on_cpu_sample")):
+                    continue
+                rows.append([m["profiler"], lb, cnt, f"{cnt / w:.0f}", fmt_num(ns / cnt, 0) if cnt else "no runs",
+                             f"{100 * ns / w / 1e9:.2f}%", f"{m['rate']:.0f}"])
+        out.append("BPF programs over the window of one more run per pyoffcpu mode, with "
+                   "kernel.bpf_stats_enabled=1 (restored after):\n")
+        out.append(markdown_table(["profiler", "program", "runs", "runs/s", "average ns", "CPU (share of one core)",
+                                   "requests/s in that run"], rows, "llrrrrr"))
+        out.append("")
+    return out
+
+
+# -- case 11: one session, many target processes --------------------------------------------------------
+# An idle target with several threads: a ticker and three blocked ones, the
+# main thread reading stdin (its end, when the bench goes, ends the target).
+IDLE_TARGET = r"""
+import sys, threading, time
+ev = threading.Event()
+lock = threading.Lock()
+lock.acquire()
+def ticker():
+    while True:
+        time.sleep(0.1)
+def waiter():
+    ev.wait()
+def locked():
+    lock.acquire()
+for f in (ticker, waiter, waiter, locked):
+    threading.Thread(target=f, name=f.__name__, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+IDLE_TARGET_THREADS = 5
+MAPS_AFTER_S = 1.0              # the maps' memory is read this long after the `recording` line
+
+
+def bpf_maps_memory(pid: int) -> Tuple[int, int]:
+    """(maps, bytes): the kernel memory of a process's BPF maps, the sum of the
+    `memlock` lines of /proc/PID/fdinfo over its bpf-map fds."""
+    texts = []
+    for fd in bpfstats._bpf_fds(pid, "bpf-map"):
+        t = _read(f"/proc/{pid}/fdinfo/{fd}")
+        if t:
+            texts.append(t)
+    return maps_memlock(texts)
+
+
+def multi_case(tools: Tools, res: Results, counts: List[int], seconds: float):
+    """For each N in counts: one `pyoffcpu -p P1 ... -p PN --mode wall -d seconds`
+    over N idle Python processes of IDLE_TARGET_THREADS threads each: its
+    peak RSS, the kernel memory of its maps, its time to `recording`."""
+    out = {"seconds": seconds, "threads_each": IDLE_TARGET_THREADS, "rows": []}
+    targets: List[subprocess.Popen] = []
+    env = cache_env(tools)
+    folded = os.path.join(tools.outdir, "c11.folded")
+    try:
+        for _ in range(max(counts)):
+            t = subprocess.Popen([tools.python, "-c", IDLE_TARGET], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+            _procs.append(t)
+            targets.append(t)
+        for t in targets:
+            if t.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"target {t.pid} did not start")
+        log(f"case 11: {len(targets)} idle targets of {IDLE_TARGET_THREADS} threads each")
+        try:                            # untimed: the bench's program cache filled, files in the page cache
+            starts.measure(tools.pyoffcpu + ["-p", str(targets[0].pid), "--mode", "wall", "-d", "0.5",
+                                             "-o", folded], env=env, first_sample=False)
+        except RuntimeError as e:
+            log(f"case 11: warm-up run: {e}")
+        for n in counts:
+            pids = [t.pid for t in targets[:n]]
+            maps: Dict[str, object] = {}
+
+            def during(pid: int, since: float):
+                if "bytes" not in maps and since >= MAPS_AFTER_S:
+                    maps["count"], maps["bytes"] = bpf_maps_memory(pid)
+            try:
+                argv = tools.pyoffcpu + [a for pid in pids for a in ("-p", str(pid))] + [
+                    "--mode", "wall", "-d", f"{seconds:g}", "-o", folded]
+                r = starts.measure(argv, env=env, timeout=seconds + 300, during=during)
+                if r["rc"] != 0:
+                    raise RuntimeError(f"pyoffcpu exited {r['rc']}: "
+                                       + " | ".join(r["stderr"].strip().splitlines()[-3:]))
+                row = {"n": n, "threads": n * IDLE_TARGET_THREADS, **_start_row(r),
+                       "maps": maps.get("count"), "maps_bytes": maps.get("bytes")}
+                out["rows"].append(row)
+                log(f"case 11: {n} targets: recording line {fmt_num(r['recording'], 2)} s, VmHWM "
+                    f"{r['hwm_mib']:.0f} MiB, with children {r['maxrss_mib']:.0f} MiB, {row['maps']} maps "
+                    f"{fmt_bytes(row['maps_bytes'])}, CPU {r['cpu_s']:.2f} s")
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 11 {n} targets: {e}")
+                log(f"case 11 {n} targets: FAILED: {e}")
+    except Exception as e:                                      # noqa: BLE001
+        res.errors.append(f"case 11: {e}")
+        log(f"case 11: FAILED: {e}")
+    finally:
+        for t in targets:
+            try:
+                t.stdin.close()
+            except OSError:
+                pass
+        for t in targets:
+            try:
+                t.wait(5)
+            except subprocess.TimeoutExpired:
+                t.kill()
+                t.wait()
+        if os.path.exists(folded):
+            os.unlink(folded)
+    if out["rows"]:
+        res.multi = out
+
+
+def render_multi(d: dict) -> List[str]:
+    out = [f"## One session, many targets (case 11): `pyoffcpu -p P1 ... -p PN --mode wall -d {d['seconds']:g}`\n"]
+    rows = [[r["n"], r["threads"], fmt_num(r["recording"], 2), fmt_num(r["first"], 2), fmt_num(r["hwm_mib"], 0),
+             fmt_num(r["maxrss_mib"], 0), r["maps"] if r["maps"] is not None else "n/a",
+             fmt_num(r["maps_bytes"] / (1 << 20), 1) if r["maps_bytes"] is not None else "n/a",
+             fmt_num(r["cpu_s"], 2)] for r in d["rows"]]
+    out.append(markdown_table(["targets", "their threads", "start to `recording` s", "start to first sample s",
+                               "peak RSS MiB (VmHWM)", "peak RSS with children MiB", "BPF maps",
+                               "BPF map memory MiB", "CPU s (whole run)"], rows, "rrrrrrrrr"))
+    out.append("")
+    out.append(f"Targets: idle Python processes of {d['threads_each']} threads each (one waking every 100 ms, "
+               "the others blocked). Peak RSS: pyoffcpu's VmHWM (polled until it exits) and ru_maxrss of it "
+               "with its children (wait4). BPF map memory: the sum of `memlock` in /proc/PID/fdinfo over "
+               f"pyoffcpu's bpf-map fds, {MAPS_AFTER_S:g} s into the recording (perf ring buffers are not "
+               "in it). Informational: no target. The program cache is the bench's own, filled first.")
+    out.append("")
+    return out
+
+
 # -- the report ---------------------------------------------------------------------------------------------
 def machine_info(tools: Tools) -> Dict[str, str]:
     model = "?"
@@ -1005,9 +1382,25 @@ def targets_summary(res: Results) -> List[List[str]]:
                 m = median(d["errors"])
                 rows.append(["case 5: max error per function (pp)", "<= 1.5",
                              fmt_num(m, 2), verdict(m, 1.5)])
-    if res.startup and res.startup["pyoffcpu"]:
-        m = median([r["first"] for r in res.startup["pyoffcpu"] if r["first"] is not None])
-        rows.append(["case 6: start to first sample (s)", "<= 2", fmt_num(m, 2), verdict(m, 2.0)])
+    if res.startup:
+        for kind in ("warm", "cold"):
+            rs = res.startup.get(kind) or []
+            if rs:
+                m = median([r["first"] for r in rs])
+                lim = STARTUP_TARGETS[kind]
+                rows.append([f"case 6: {kind} start to first sample (s)", f"<= {lim:g}", fmt_num(m, 3),
+                             verdict(m, lim)])
+        for kind in ("warm", "cold"):
+            rs = res.startup.get(kind) or []
+            if rs:
+                m = median([r["maxrss_mib"] for r in rs])
+                rows.append([f"case 6: peak RSS with children, {kind} start (MiB)", f"<= {STARTUP_RSS_MIB:g}",
+                             fmt_num(m, 0), verdict(m, STARTUP_RSS_MIB)])
+        for secs in sorted({t["seconds"] for t in res.startup["teardown"] if t["who"] == "pyoffcpu"}):
+            m = median([t["file"] for t in res.startup["teardown"] if t["who"] == "pyoffcpu"
+                        and t["seconds"] == secs])
+            rows.append([f"case 6: teardown after {secs:g} s, SIGINT to SVG written (s)", f"<= {TEARDOWN_S:g}",
+                         fmt_num(m, 2), verdict(m, TEARDOWN_S)])
     for d in res.exporters:
         if d["format"] == "svg":
             rows.append(["case 7: SVG export of 1M samples / 50k stacks (s)", "<= 10",
@@ -1017,6 +1410,11 @@ def targets_summary(res: Results) -> List[List[str]]:
         rows.append([f"case 9: pyoffcpu RSS growth after the first minute, {fmt_clock(res.longrun['seconds'])} "
                      "of a thread-per-request server (MiB)", f"<= {LONGRUN_GROWTH_MIB:g}", fmt_num(g, 0),
                      verdict(g, LONGRUN_GROWTH_MIB)])
+    if res.server:
+        for r in server_summary(res.server):
+            if r["target"]:
+                rows.append([f"case 10: {r['label']}, loss of a thread-per-request server's requests/s",
+                             f"<= {100 * r['target']:g}%", fmt_pct(r["loss"]), verdict(r["loss"], r["target"])])
     return rows
 
 
@@ -1032,7 +1430,7 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
     out.append("")
     summary = targets_summary(res)
     if summary:
-        out.append("## Targets (issues #5 and #8; reports, not test failures)\n")
+        out.append("## Targets (issues #5, #8 and #10; reports, not test failures)\n")
         out.append(markdown_table(["target", "limit", "measured", ""], summary, "lrrl"))
         out.append("")
     if res.overhead:
@@ -1105,6 +1503,10 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
         out.append("")
     if res.longrun:
         out.extend(render_longrun(res.longrun, args))
+    if res.server:
+        out.extend(render_server(res.server))
+    if res.multi:
+        out.extend(render_multi(res.multi))
     if res.notes:
         out.append("## Notes\n")
         out.extend(f"- {n}" for n in res.notes)
@@ -1149,42 +1551,61 @@ def render_accuracy(a: dict) -> List[str]:
     return out
 
 
+STARTUP_TARGETS = {"warm": 0.5, "cold": 3.0}    # issue 10: start to first sample, s
+STARTUP_RSS_MIB = 120.0                         # issue 10: peak RSS with children, warm and cold
+TEARDOWN_S = 0.2                                # issue 10: SIGINT to file written
+
+
+def _spread_row(what: str, measured: str, values, digits: int, target: Optional[float] = None,
+                unit: str = "") -> list:
+    s = spread(values)
+    return [what, measured, s["n"], fmt_num(s["median"], digits), fmt_range(s["min"], s["max"], digits),
+            f"<= {target:g}{unit}" if target is not None else "—", verdict(s["median"], target)]
+
+
 def render_startup(s: dict, args) -> List[str]:
     out = ["## Startup and teardown (case 6)\n"]
     rows = []
-    po = s["pyoffcpu"]
-    if po:
-        firsts = [r["first"] for r in po if r["first"] is not None]
-        recs = [r["recording"] for r in po]
-        rows.append(["pyoffcpu -p PID --mode wall", "start to `recording` line", len(recs),
-                     fmt_num(median(recs), 2), fmt_ratio_range(min(recs), max(recs)), "—", ""])
-        rows.append(["pyoffcpu -p PID --mode wall", "start to first sample in the kernel map", len(firsts),
-                     fmt_num(median(firsts), 2), fmt_ratio_range(min(firsts), max(firsts)) if firsts else "n/a",
-                     "<= 2 s", verdict(median(firsts), 2.0)])
-    if s["pyspy"]:
-        recs = [r["recording"] for r in s["pyspy"]]
-        rows.append(["py-spy record -p PID", "start to `Sampling process` line", len(recs),
-                     fmt_num(median(recs), 2), fmt_ratio_range(min(recs), max(recs)), "—", ""])
+    for kind in ("warm", "cold"):
+        rs = s.get(kind) or []
+        if not rs:
+            continue
+        who = f"pyoffcpu -p PID --mode wall, {kind}"
+        rows.append(_spread_row(who, "start to first sample in the kernel map (s)", [r["first"] for r in rs], 3,
+                                STARTUP_TARGETS[kind], " s"))
+        rows.append(_spread_row(who, "start to `recording` line (s)", [r["recording"] for r in rs], 3))
+        rows.append(_spread_row(who, "peak RSS of pyoffcpu (VmHWM, MiB)", [r["hwm_mib"] for r in rs], 0))
+        rows.append(_spread_row(who, "peak RSS with its children (ru_maxrss, MiB)", [r["maxrss_mib"] for r in rs],
+                                0, STARTUP_RSS_MIB, " MiB"))
+        rows.append(_spread_row(who, "CPU time of the whole 1 s run, children included (s)",
+                                [r["cpu_s"] for r in rs], 2))
+    if s.get("pyspy"):
+        rows.append(_spread_row("py-spy record -p PID --idle", "start to `Sampling process` line (s)",
+                                [r["recording"] for r in s["pyspy"]], 3))
     for who in ("pyoffcpu", "py-spy"):
         for secs in sorted({t["seconds"] for t in s["teardown"] if t["who"] == who}):
             ts = [t for t in s["teardown"] if t["who"] == who and t["seconds"] == secs]
-            files = [t["file"] for t in ts]
-            rows.append([f"{who} → SVG, {secs:g} s recording", "SIGINT to file written", len(ts),
-                         fmt_num(median(files), 2), fmt_ratio_range(min(files), max(files)), "—", ""])
-    out.append(markdown_table(["what", "measured", "runs", "median s", "min–max s", "target", ""], rows,
+            rows.append(_spread_row(f"{who} → SVG, {secs:g} s recording", "SIGINT to file written (s)",
+                                    [t["file"] for t in ts], 2, TEARDOWN_S if who == "pyoffcpu" else None, " s"))
+    out.append(markdown_table(["what", "measured", "runs", "median", "min–max", "target", ""], rows,
                               "llrrrrl"))
     out.append("")
-    out.append("First sample: the bench polls a copy of pyoffcpu's `agg` map fd (pidfd_getfd) until it "
-               "holds an entry. Target: the split workload (two busy-ish Python threads).")
+    out.append("Each start: `pyoffcpu -p PID --mode wall -d 1` on the split workload (two busy-ish Python "
+               "threads), measured by tools/startup.py from the spawn. First sample: the bench polls a copy "
+               "of pyoffcpu's `agg` map fd (pidfd_getfd) until it holds an entry. pyoffcpu runs with "
+               "PYOFFCPU_CACHE_DIR in the bench's temporary folder: warm, with the compiled programs in it "
+               "(filled by one untimed run first); cold, with its `bpf` folder (programs, BTF offsets) "
+               "removed before each run, so bcc compiles in a child, whose peak counts in ru_maxrss. Warm "
+               "and cold runs alternate.")
     if s.get("breakdown"):
         out.append("")
-        out.append("Where a start goes (one `pyoffcpu -p` start under cProfile, cumulative seconds; "
-                   "steps may nest):\n")
-        out.append(markdown_table(["step", "s"], [[w, f"{t:.2f}"] for w, t in s["breakdown"]], "lr"))
+        out.append("Where a warm start goes (one `pyoffcpu -p` start under cProfile, the cache filled; "
+                   "cumulative seconds, steps nest):\n")
+        out.append(markdown_table(["step", "s"], [[w, f"{t:.3f}"] for w, t in s["breakdown"]], "lr"))
         out.append("")
-    if args.long_s < 600:
-        out.append(f"The long recording is {args.long_s:g} s, not the issue's 10 min, to keep `make bench` "
-                   f"under 15 minutes; BENCH_LONG_S=600 make bench for the full one.")
+    if args is not None and args.long_s < 600:
+        out.append(f"The long teardown recording is {args.long_s:g} s, not the issue's 10 min, to keep "
+                   f"`make bench` short; BENCH_LONG_S=600 make bench for the full one.")
     out.append("")
     return out
 
@@ -1195,8 +1616,8 @@ def main():
     ap.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 7)))
     ap.add_argument("--work-s", type=float, default=float(os.environ.get("BENCH_WORK_S", 1.0)))
     ap.add_argument("--long-s", type=float, default=float(os.environ.get("BENCH_LONG_S", 60)))
-    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9"),
-                    help="comma-separated subset of 1-7 and 9 (8 comes with 1-4)")
+    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11"),
+                    help="comma-separated subset of 1-7 and 9-11 (8 comes with 1-4)")
     ap.add_argument("--threadserver-s", type=float,
                     default=float(os.environ["BENCH_THREADSERVER_S"]) if os.environ.get("BENCH_THREADSERVER_S")
                     else None,
@@ -1207,6 +1628,16 @@ def main():
     ap.add_argument("--threadserver-clients", type=int,
                     default=int(os.environ.get("BENCH_THREADSERVER_CLIENTS", 8)),
                     help="case 9's client threads (in a process of their own)")
+    ap.add_argument("--server-s", type=float, default=float(os.environ.get("BENCH_SERVER_S", 10)),
+                    help="case 10's window in seconds, per measurement")
+    ap.add_argument("--server-rounds", type=int, default=int(os.environ.get("BENCH_SERVER_ROUNDS", 3)),
+                    help="case 10's rounds (each: every configuration once, a fresh server each)")
+    ap.add_argument("--server-clients", type=int, default=int(os.environ.get("BENCH_SERVER_CLIENTS", 8)),
+                    help="case 10's client threads (in a process of their own, as fast as they go)")
+    ap.add_argument("--targets", default=os.environ.get("BENCH_TARGETS", "1,10,100"),
+                    help="case 11's numbers of target processes, comma-separated")
+    ap.add_argument("--targets-s", type=float, default=float(os.environ.get("BENCH_TARGETS_S", 5)),
+                    help="case 11's recording (-d) in seconds")
     ap.add_argument("--python", default=os.environ.get("BENCH_PYTHON", "/usr/bin/python3"))
     ap.add_argument("--accuracy-runs", type=int, default=int(os.environ.get("BENCH_ACC_RUNS", 2)))
     ap.add_argument("--accuracy-s", type=float, default=float(os.environ.get("BENCH_ACC_S", 8)))
@@ -1255,8 +1686,9 @@ def main():
             sys.exit(f"bench: {tree} is not a pyoffcpu source tree")
         env = dict(os.environ, PYTHONPATH=os.path.join(tree, "pytool"))
         po = [sys.executable, "-m", "pyoffcpu"]
-    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6"} else (None, "")
+    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6", "10"} else (None, "")
     tools = Tools(args.python, po, pyspy, pyspy_version, tempfile.mkdtemp(prefix="pyoffcpu-bench-"), env)
+    tools.cache_dir = os.path.join(tools.outdir, "cache")
     tools.profs = profilers(tools)
     res = Results()
     machine = machine_info(tools)
@@ -1307,6 +1739,14 @@ def main():
             secs = args.threadserver_s if args.threadserver_s else max(120.0, args.long_s)
             log(f"case 9: thread-per-request server, {secs:g} s recording")
             longrun_case(tools, res, secs, args.threadserver_rate, args.threadserver_clients, keep=args.keep)
+        if "10" in cases:
+            log(f"case 10: thread-per-request server throughput, {args.server_rounds} rounds x "
+                f"{args.server_s:g} s")
+            server_case(tools, res, args.server_s, args.server_rounds, args.server_clients)
+        if "11" in cases:
+            counts = sorted({int(c) for c in args.targets.split(",") if c.strip()})
+            log(f"case 11: one session over {', '.join(map(str, counts))} target processes")
+            multi_case(tools, res, counts, args.targets_s)
     except KeyboardInterrupt:
         res.errors.append("interrupted: the tables hold what was measured before")
     finally:

@@ -1,4 +1,4 @@
-"""Bench case 9's workload: a server that starts a thread per request, and its load.
+"""Bench cases 9 and 10: a server that starts a thread per request, and its load.
 
     python threadserver.py server
         http.server.ThreadingHTTPServer on 127.0.0.1, an ephemeral port: every
@@ -12,6 +12,8 @@
         T threads (default 8) keep about R requests/s (default 2000) going to
         127.0.0.1:PORT, one new connection per request, until S seconds
         (default 120) have passed, R * S requests have been made, or SIGINT.
+        --rate 0: no schedule, every thread sends its next request as soon as
+        its last one is answered (as fast as the server goes; bench case 10).
         Only ever connects to 127.0.0.1. Prints `done JSON` at the end
         (ok, errors, seconds, rate, behind: times a thread fell a second
         behind its schedule and skipped ahead).
@@ -108,25 +110,27 @@ def load(port: int, rate: float, seconds: float, threads: int) -> dict:
     counts = {"ok": 0, "errors": 0, "behind": 0}
     errors = {}
     budget = itertools.count()
-    limit = int(rate * seconds)
+    paced = rate > 0                    # rate 0: as fast as the answers come
+    limit = int(rate * seconds) if paced else None
     per_thread = rate / threads
     t0 = time.monotonic()
     end = t0 + seconds
 
     def worker(j: int):
-        nxt = t0 + j / rate             # the threads' schedules interleave
+        nxt = t0 + j / rate if paced else 0.0     # the threads' schedules interleave
         ok = err = behind = 0
         while not stop.is_set():
             now = time.monotonic()
-            if now >= end or next(budget) >= limit:
+            if now >= end or (paced and next(budget) >= limit):
                 break
-            if nxt > now:
-                if stop.wait(nxt - now):
-                    break
-            elif now - nxt > 1.0:       # a second behind: skip ahead, no burst
-                nxt = now
-                behind += 1
-            nxt += 1.0 / per_thread
+            if paced:
+                if nxt > now:
+                    if stop.wait(nxt - now):
+                        break
+                elif now - nxt > 1.0:   # a second behind: skip ahead, no burst
+                    nxt = now
+                    behind += 1
+                nxt += 1.0 / per_thread
             try:
                 if one_request(port):
                     ok += 1
@@ -178,8 +182,8 @@ def main():
         serve()
     else:
         signal.signal(signal.SIGTERM, _interrupt)
-        if a.rate <= 0 or a.seconds <= 0 or a.threads < 1:
-            raise SystemExit("client: --rate, --seconds and --threads must be positive")
+        if a.rate < 0 or a.seconds <= 0 or a.threads < 1:
+            raise SystemExit("client: --seconds and --threads must be positive, --rate positive or 0")
         print("done " + json.dumps(load(a.port, a.rate, a.seconds, a.threads)), flush=True)
 
 
