@@ -138,10 +138,12 @@ static __always_inline u64 mix(u64 h, u64 v)
  * A bpf_probe_read_user costs about the same for 80 bytes as for 1 KiB
  * (30 ns; 4 KiB: 67 ns), and from 3.11 on a thread's frames lie one under
  * the other in its data stack (`previous` at a lower address): the walk
- * reads PYWIN bytes ending at the frame it needs, and takes the frames
- * below it from that copy while they are in it.  Where that read fails (the
- * bottom of a data-stack chunk) it reads from the frame's page start.  The
- * bytes are the ones a read of each frame would give,
+ * reads from the start of the page of the frame it needs to the frame's
+ * end, and takes the frames below it from that copy while they are in it.
+ * The copy never leaves the frame's page on the low side: a read that
+ * fails costs more than many that do not (the fault path), and the page
+ * under a data-stack chunk is often not mapped.  The bytes are the ones a
+ * read of each frame would give,
  * at the same point of the walk.  <= 3.10 frames are objects on the heap,
  * one read each. */
 #define IFRAME_WINDOW 80
@@ -150,7 +152,7 @@ static __always_inline u64 mix(u64 h, u64 v)
 #define FRAME_OFF(off) ((u64)(off) & 127)
 struct frame_win {
     u64 lo, len;                    /* the copy in b: [lo, lo + len) of the target */
-    u64 below, span;                /* a refill: span bytes from below under the frame */
+    u64 below;                      /* a refill starts at f & below */
     u8 b[PYWIN + 136];
 };
 /* One per CPU is enough: BPF tracing programs do not nest on a CPU. */
@@ -217,8 +219,7 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     u64 h = mix(0xcbf29ce484222325ULL ^ tgid, pi->epoch);
     /* Kept in the map value, not in registers: the verifier then sees the
      * same unknown values on every path through the loop body, and prunes. */
-    win->below = iframes & (PYWIN - size);
-    win->span = win->below + size;
+    win->below = ~(4095 & iframes);     /* 3.11+: from the frame's page start */
     win->lo = win->len = 0;
     u32 i;
     for (i = 0; i < MAX_PY_DEPTH; i++) {
@@ -226,22 +227,14 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
             break;
         u64 wl = win->lo, wn = win->len;
         if (!(wn >= size && f >= wl && f - wl <= wn - size)) {    /* no wrap-around */
-            u64 span = win->span;
-            if (span > PYWIN)
-                span = PYWIN;
-            win->lo = f - win->below;
-            win->len = span;
-            if (bpf_probe_read_user(w, span, (void *)win->lo) != 0) {
-                /* the bottom of a mapping: from the frame's page on */
-                win->lo = f & ~4095ULL;
-                u64 n = f + size - win->lo;
-                if (n > PYWIN + 112)
-                    n = PYWIN + 112;
-                win->len = n;
-                if (bpf_probe_read_user(w, n, (void *)win->lo) != 0) {
-                    st->flags |= PYS_READ_FAILED;
-                    break;
-                }
+            win->lo = f & win->below;
+            u64 n = f + size - win->lo;
+            if (n > PYWIN + 112)
+                n = PYWIN + 112;
+            win->len = n;
+            if (bpf_probe_read_user(w, n, (void *)win->lo) != 0) {
+                st->flags |= PYS_READ_FAILED;
+                break;
             }
         }
         u64 lo = win->lo;

@@ -10,7 +10,7 @@
 #define MAX_UNWIND_MAPS 256         /* executable mappings per process; power of two */
 #define UNWIND_MAP_STEPS 9          /* log2(MAX_UNWIND_MAPS) + 1 */
 #define UNWIND_SEARCH_STEPS 10      /* rows per page <= 1 << UNWIND_SEARCH_STEPS */
-#define UNWIND_WIN 2048             /* bytes of stack read at once; power of two */
+#define UNWIND_WIN 4096             /* bytes of stack read at once (at most a page); power of two */
 
 /* unwind_row.kind */
 #define UR_INVALID 0                /* no rule the unwinder can follow: stop */
