@@ -313,14 +313,22 @@ def test_thread_that_never_switches_is_on_cpu_the_whole_recording(label, tmp_pat
         # before pyoffcpu starts to after it ends): what it took is at least
         # what it took inside the window, so `duration - preempted` below
         # stays a lower bound however loaded the machine is.
-        wait0, vol0, inv0 = _sched(w.pid, spin)
+        # Its voluntary switches are counted inside the recording only: while
+        # pyoffcpu starts, its reads of /proc/PID/maps may hold the mmap lock
+        # an allocation of the spinner's waits for.
+        wait0, _, inv0 = _sched(w.pid, spin)
         proc = subprocess.Popen(pyoffcpu_cmd("-p", str(w.pid), "-d", str(DURATION), "-o", str(out)),
                                 env=env(), stderr=subprocess.PIPE, text=True,
                                 preexec_fn=off_the_spinners_cpu)
         try:
+            wait_for_recording(proc)
+            t0 = time.monotonic()
+            _, vol0, _ = _sched(w.pid, spin)
+            time.sleep(max(0.0, t0 + DURATION - time.monotonic() - 0.2))
+            _, vol1, _ = _sched(w.pid, spin)
             stderr = proc.stderr.read()
             assert proc.wait(timeout=60) == 0, stderr
-            wait1, vol1, inv1 = _sched(w.pid, spin)
+            wait1, _, inv1 = _sched(w.pid, spin)
         finally:
             if proc.poll() is None:
                 proc.kill()
