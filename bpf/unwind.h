@@ -192,6 +192,59 @@ static __always_inline int stack_read(struct unwind_state *s, u64 addr, void *ou
     return 1;
 }
 
+/* The rows found by the searches below, per CPU, by pc: a row is a pure
+ * function of the pc and the tables of the process, and a process's tables
+ * never change under one proc_unwind.gen (unique per write of its entry;
+ * the switch memo rests on the same fact), so an entry whose tgid, gen and
+ * pc are the frame's holds the row the searches would find.  Server code
+ * walks the same few hundred return addresses over and over, and the
+ * searches (about 12 lookups in a 16 MiB array) are most of a frame's cost. */
+#define ROW_CACHE 2048              /* entries per CPU; power of two */
+struct row_cache_ent {
+    u64 pc;
+    u32 tgid, gen;
+    struct unwind_row row;
+    u32 map;                        /* index in maps[] of the mapping */
+    u32 pad;
+};
+BPF_PERCPU_ARRAY(row_cache, struct row_cache_ent, ROW_CACHE);
+
+/* The unwind rule in force at pc: 1 with *out set; 0 when its mapping has
+ * no table (or pc is in none: NST_UNMAPPED set); -1 when the table has no
+ * row for it. */
+static __always_inline int unwind_rule(struct unwind_state *s, struct proc_unwind *pu, u64 pc,
+                                       struct unwind_row *out)
+{
+    u32 slot = (u32)((pc * 0x9E3779B97F4A7C15ULL) >> 53) & (ROW_CACHE - 1);
+    struct row_cache_ent *ce = row_cache.lookup(&slot);
+    if (!ce)
+        return -1;
+    if (!(ce->pc == pc && ce->tgid == s->st.tgid && ce->gen == pu->gen)) {
+        struct unwind_map *m = unwind_find_map(pu, pc, &s->map_hint);
+        if (!m) {
+            s->st.flags |= NST_UNMAPPED;
+            return 0;
+        }
+        if (!m->nrows)
+            return 0;
+        u64 rel = pc - m->base;
+        if (rel >> 32)
+            return -1;
+        struct unwind_row *r = unwind_find_row(m, rel);
+        if (!r)
+            return -1;
+        ce->pc = pc;
+        ce->tgid = s->st.tgid;
+        ce->gen = pu->gen;
+        ce->row = *r;
+        ce->map = s->map_hint;
+    }
+    /* one way out, hit or miss: the verifier follows what comes next once */
+    *out = ce->row;
+    s->map_hint = ce->map;
+    return 1;
+}
+
 /* One frame: record pc, then step to the caller.  Returns 0 to go on. */
 static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwind *pu)
 {
@@ -211,18 +264,14 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
     u64 cfa = 0, ra = 0;
     s64 rbp_at = 0;                 /* rbp saved at CFA + rbp_at, 0: unchanged */
     int lost_bp = 0;
-    struct unwind_map *m = unwind_find_map(pu, lookup_pc, &s->map_hint);
-    if (m && m->nrows) {
-        u64 rel = lookup_pc - m->base;
-        if (rel >> 32) {
-            s->st.flags |= NST_INCOMPLETE;
-            return 1;
-        }
-        struct unwind_row *r = unwind_find_row(m, rel);
-        if (!r) {
-            s->st.flags |= NST_INCOMPLETE;
-            return 1;
-        }
+    struct unwind_row row;
+    int found = unwind_rule(s, pu, lookup_pc, &row);
+    if (found < 0) {
+        s->st.flags |= NST_INCOMPLETE;
+        return 1;
+    }
+    if (found) {
+        struct unwind_row *r = &row;
         u8 kind = r->kind;
         if (kind == UR_END)
             return 1;               /* the outermost frame: a complete stack */
@@ -244,9 +293,8 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
         }
     } else {
         /* No table: frame pointers (JIT code, an object that did not fit,
-         * a library loaded since user space last looked). */
-        if (!m)
-            s->st.flags |= NST_UNMAPPED;
+         * a library loaded since user space last looked; unwind_rule has
+         * flagged a pc in no mapping). */
         if (bp <= sp || bp - sp > (8ULL << 20)) {
             s->st.flags |= NST_INCOMPLETE;
             return 1;
