@@ -348,38 +348,17 @@ class Table:
     def __len__(self):
         return sum(1 for _ in self)
 
-    def _batch(self, cmd: int, chunk: int = 4096):
-        """Every entry, `chunk` at a time (a full map's worth of buffers at
-        every drain would cost more than the reads)."""
-        n = min(self.max_entries, chunk)
-        tok_in = ct.create_string_buffer(max(8, self.key_size))
-        tok_out = ct.create_string_buffer(max(8, self.key_size))
-        first = True
+    def _batch(self, delete: bool):
+        """Every entry as (key, value) ctypes objects, as items() gives them."""
         key_int, leaf_int = (issubclass(t, ct._SimpleCData) for t in (self.Key, self.Leaf))
-        while True:
-            keys, values = (self.Key * n)(), (self.Leaf * n)()
-            a = _attr()
-            struct.pack_into("<QQQQIIQQ", a, 0, 0 if first else ct.addressof(tok_in),
-                             ct.addressof(tok_out), ct.addressof(keys), ct.addressof(values), n,
-                             self.map_fd, 0, 0)
-            try:
-                _bpf(cmd, a)
-                done = False
-            except OSError as e:
-                if e.errno != 2:                        # ENOENT: the end of the map
-                    raise Exception(f"BPF batch lookup failed: {e.strerror}") from None
-                done = True
-            got = struct.unpack_from("<I", a, 32)[0]
-            for i in range(got):        # ctypes objects, as items() gives (indexing makes ints)
+        for kb, vb, n in self.raw_lookup_batch(delete=delete):
+            keys, values = (self.Key * n).from_buffer_copy(kb), (self.Leaf * n).from_buffer_copy(vb)
+            for i in range(n):          # indexing an array of a simple type makes ints
                 k, v = keys[i], values[i]
                 yield (self.Key(k) if key_int else k), (self.Leaf(v) if leaf_int else v)
-            if done or got == 0:
-                return
-            ct.memmove(tok_in, tok_out, len(tok_in))
-            first = False
 
     def items_lookup_batch(self):
-        return self._batch(_MAP_LOOKUP_BATCH)
+        return self._batch(delete=False)
 
     def raw_lookup_batch(self, delete: bool = False, chunk: int = 4096):
         """Every entry as raw bytes, `chunk` at a time: (keys, values, n) per
@@ -420,7 +399,7 @@ class Table:
             self.items_delete_batch((self.Key * (len(raw_keys) // ks)).from_buffer_copy(raw_keys))
 
     def items_lookup_and_delete_batch(self):
-        return self._batch(_MAP_LOOKUP_AND_DELETE_BATCH)
+        return self._batch(delete=True)
 
     def items_delete_batch(self, ct_keys):
         if not isinstance(ct_keys, ct.Array) or not 0 < len(ct_keys) <= self.max_entries:

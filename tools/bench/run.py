@@ -724,6 +724,24 @@ def _proc_reading(pid: int) -> Optional[dict]:
             "threads": proc_status_kib(st, "Threads"), "ticks": ticks}
 
 
+def _end_server(srv: Proc, cli: Optional[Proc]):
+    """Stop the load client (SIGINT, then kill), then the server ("exit", then kill)."""
+    if cli:
+        cli.interrupt()
+        try:
+            cli.p.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
+        cli.kill()
+    if srv.p.poll() is None:
+        try:
+            srv.send("exit")
+            srv.p.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    srv.kill()
+
+
 def _server_stats(srv: Proc) -> dict:
     srv.send("stats")
     return json.loads(srv.expect("stats ", 10).split(" ", 1)[1])
@@ -883,20 +901,7 @@ def longrun_case(tools: Tools, res: Results, seconds: float, rate: float, client
             counter.close()
         if p:
             p.kill()
-        if cli:
-            cli.interrupt()
-            try:
-                cli.p.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
-            cli.kill()
-        if srv.p.poll() is None:
-            try:
-                srv.send("exit")
-                srv.p.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        srv.kill()
+        _end_server(srv, cli)
     if out["readings"]:
         res.longrun = out
 
@@ -1070,20 +1075,7 @@ def server_measure(tools: Tools, prof: Optional[Profiler], seconds: float, clien
             stats.close()
         if p:
             p.kill()
-        if cli:
-            cli.interrupt()
-            try:
-                cli.p.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
-            cli.kill()
-        if srv.p.poll() is None:
-            try:
-                srv.send("exit")
-                srv.p.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        srv.kill()
+        _end_server(srv, cli)
         for ext in (".folded", ".txt"):
             if os.path.exists(out_base + ext):
                 os.unlink(out_base + ext)
