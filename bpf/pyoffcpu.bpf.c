@@ -143,9 +143,9 @@ static __always_inline u64 mix(u64 h, u64 v)
  * The copy never leaves the frame's page on the low side: a read that
  * fails costs more than many that do not (the fault path), and the page
  * under a data-stack chunk is often not mapped.  The bytes are the ones a
- * read of each frame would give,
- * at the same point of the walk.  <= 3.10 frames are objects on the heap,
- * one read each. */
+ * read of each frame would give, at the same point of the walk.  <= 3.10
+ * frames are objects on the heap, one read each.  (The native unwinder's
+ * stack_read, bpf/unwind.h, copies the same way, upward.) */
 #define IFRAME_WINDOW 80
 #define FRAMEOBJ_WINDOW 112
 #define PYWIN 4096
@@ -157,6 +157,13 @@ struct frame_win {
 };
 /* One per CPU is enough: BPF tracing programs do not nest on a CPU. */
 BPF_PERCPU_ARRAY(frame_win, struct frame_win, 1);
+
+/* Do [addr, addr + n) lie in the copy of [lo, lo + len)?  Written so that
+ * nothing wraps around, whatever addr holds. */
+static __always_inline int in_copy(u64 lo, u64 len, u64 addr, u64 n)
+{
+    return len >= n && addr >= lo && addr - lo <= len - n;
+}
 
 /* Walk the Python frames of the current thread into st; returns the stack's
  * hash (0: no Python frames).
@@ -225,8 +232,7 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     for (i = 0; i < MAX_PY_DEPTH; i++) {
         if (!f)
             break;
-        u64 wl = win->lo, wn = win->len;
-        if (!(wn >= size && f >= wl && f - wl <= wn - size)) {    /* no wrap-around */
+        if (!in_copy(win->lo, win->len, f, size)) {
             win->lo = f & win->below;
             u64 n = f + size - win->lo;
             if (n > PYWIN + 112)

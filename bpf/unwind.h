@@ -172,8 +172,7 @@ static __always_inline void memo_word(struct unwind_state *s, u64 addr, u64 val)
  * stack is not mapped. */
 static __always_inline int stack_read(struct unwind_state *s, u64 addr, void *out, u32 n)
 {
-    u64 wl = s->win_lo, wn = s->win_len;
-    if (!(wn >= n && addr >= wl && addr - wl <= wn - n)) {   /* no wrap-around */
+    if (!in_copy(s->win_lo, s->win_len, addr, n)) {     /* pyoffcpu.bpf.c */
         u64 len = 4096 - (addr & 4095);     /* to the page end */
         if (len < n)
             len = n;                        /* the words cross it: just them */
@@ -218,7 +217,7 @@ static __always_inline int unwind_rule(struct unwind_state *s, struct proc_unwin
     u32 slot = (u32)((pc * 0x9E3779B97F4A7C15ULL) >> 53) & (ROW_CACHE - 1);
     struct row_cache_ent *ce = row_cache.lookup(&slot);
     if (!ce)
-        return -1;
+        return -1;                  /* cannot happen: slot < ROW_CACHE */
     if (!(ce->pc == pc && ce->tgid == s->st.tgid && ce->gen == pu->gen)) {
         struct unwind_map *m = unwind_find_map(pu, pc, &s->map_hint);
         if (!m) {

@@ -6,6 +6,7 @@ cache maps no LLVM.  The cache is pointed at a temporary directory
 (PYOFFCPU_CACHE_DIR) throughout, and the BPF sources at a copy of bpf/
 (PYOFFCPU_BPF_DIR) taken once: bpf/ is edited while tests run, and an edit
 between two starts is rightly a miss."""
+import contextlib
 import ctypes
 import json
 import os
@@ -42,6 +43,29 @@ def frozen_sources(monkeypatch):
     """In-process sessions compile the snapshot of bpf/."""
     from pyoffcpu import session
     monkeypatch.setattr(session, "BPF_DIR", bpf_snapshot())
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """The cflags of every bcc compile from here on (each still compiles)."""
+    seen = []
+    real = bpfload.compile_in_child
+    monkeypatch.setattr(bpfload, "compile_in_child",
+                        lambda text, cflags: seen.append(cflags) or real(text, cflags))
+    return seen
+
+
+@contextlib.contextmanager
+def compiled(p, **opts):
+    """An in-process session of this process with its programs loaded (not
+    attached), cleaned up after."""
+    from pyoffcpu import session
+    s = session.Session(session.Options(pids=[os.getpid()], **opts), p)
+    s._compile()
+    try:
+        yield s
+    finally:
+        s.bpf.cleanup()
 
 
 def cache_env(d):
@@ -170,25 +194,17 @@ def test_a_damaged_entry_is_compiled_again_with_a_one_line_notice(recordings, tm
 
 
 # -- what a key covers -----------------------------------------------------------------------------
-def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sources):
+def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sources, compiles):
     """In-process, with the real programs: one compile per distinct source
     and flags; the same ones again are served from the cache."""
     from pyoffcpu import platform as plat
     from pyoffcpu import session
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path))
-    compiles = []
-    real = bpfload.compile_in_child
-    monkeypatch.setattr(bpfload, "compile_in_child",
-                        lambda text, cflags: compiles.append(cflags) or real(text, cflags))
     p = plat.probe()
 
     def start(**opts):
-        s = session.Session(session.Options(pids=[os.getpid()], **opts), p)
-        s._compile()
-        try:
+        with compiled(p, **opts) as s:
             return s.bpf.from_cache
-        finally:
-            s.bpf.cleanup()
     assert start() is False and len(compiles) == 1
     assert start() is True and len(compiles) == 1
     source = session._bpf_source
@@ -332,7 +348,7 @@ def test_a_finishing_program_the_verifier_refuses_is_not_fatal(recordings, tmp_p
 
 
 def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
-        recordings, tmp_path, monkeypatch, frozen_sources):
+        recordings, tmp_path, monkeypatch, frozen_sources, compiles):
     """The big maps get the entries the session needs (the kernel's own
     account of each map: BPF_OBJ_GET_INFO_BY_FD), from one cached entry: a
     map's size is not part of the programs.  Kernel stacks are kept only
@@ -341,25 +357,17 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
     from pyoffcpu import session
     shutil.copytree(recordings["cache"], tmp_path / "cache")
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path / "cache"))
-    compiles = []
-    real = bpfload.compile_in_child
-    monkeypatch.setattr(bpfload, "compile_in_child",
-                        lambda text, cflags: compiles.append(cflags) or real(text, cflags))
     p = plat.probe()
 
     def sizes(**opts):
-        s = session.Session(session.Options(pids=[os.getpid()], **opts), p)
-        s._compile()
-        try:
+        with compiled(p, **opts) as s:
             got = {}
             for name in ("kstacks", "ustacks", "threads", "offcpu_start", "pystack_seen", "agg"):
                 info = bpfload.map_info(s.bpf[name].map_fd)
                 assert s.bpf[name].max_entries == info[3]
                 got[name] = info[3]
             return got
-        finally:
-            s.bpf.cleanup()
-    tables = "-DNATIVE_UNWIND=1" in session.unwind_loader.cflags(plat.BTF_PATH)
+    tables = session.unwind_loader.tables_on(session.unwind_loader.cflags(plat.BTF_PATH))
     assert sizes() == {"kstacks": 1, "ustacks": 4096 if tables else 32768, "threads": 16384,
                        "offcpu_start": 16384, "pystack_seen": 32768, "agg": 65536}
     assert compiles == []               # the recordings' entry, with other map sizes

@@ -45,11 +45,13 @@ class FakeAgg:
                     self.deleted.append(bytes(k))
             yield b"".join(bytes(k) for k, _ in part), b"".join(bytes(v) for _, v in part), len(part)
 
-    def delete_raw_batch(self, raw):
-        ks = ctypes.sizeof(Key)
-        for i in range(0, len(raw), ks):
-            del self.entries[raw[i:i + ks]]
-            self.deleted.append(raw[i:i + ks])
+    def items_delete_batch(self, ct_keys):
+        assert isinstance(ct_keys, ctypes.Array)
+        if not self.batch:
+            raise Exception("BPF_MAP_DELETE_BATCH has failed: Invalid argument")
+        for k in ct_keys:
+            del self.entries[bytes(k)]
+            self.deleted.append(bytes(k))
 
     def items(self):
         return list(self.entries.values())

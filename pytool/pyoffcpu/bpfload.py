@@ -392,12 +392,6 @@ class Table:
             ct.memmove(tok_in, tok_out, len(tok_in))
             first = False
 
-    def delete_raw_batch(self, raw_keys: bytes) -> None:
-        """Delete the keys of raw_keys (key_size bytes each, as raw_lookup_batch gives)."""
-        ks = ct.sizeof(self.Key)
-        if raw_keys:
-            self.items_delete_batch((self.Key * (len(raw_keys) // ks)).from_buffer_copy(raw_keys))
-
     def items_lookup_and_delete_batch(self):
         return self._batch(delete=True)
 

@@ -227,7 +227,7 @@ class Session:
         sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
         try:
             self.bpf = bpfload.load(_bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), cflags,
-                                    sizes=map_sizes(o, tables="-DNATIVE_UNWIND=1" in self._unwind_cflags),
+                                    sizes=map_sizes(o, tables=unwind_loader.tables_on(self._unwind_cflags)),
                                     skip=() if switches else ("sched_switch",),
                                     preload=[("on_cpu_sample", bpfload.PERF_EVENT)] if sampled else [],
                                     optional=unwind_loader.program_specs(sampled, switches),
@@ -255,7 +255,7 @@ class Session:
         # .eh_frame tables when NATIVE_UNWIND=1), called by tail call.
         try:
             self.unwinder = unwind_loader.NativeUnwinder(
-                self.bpf, tables="-DNATIVE_UNWIND=1" in self._unwind_cflags)
+                self.bpf, tables=unwind_loader.tables_on(self._unwind_cflags))
             self.unwinder.load_programs(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"))
         except Exception as e:
             if self.unwinder is not None:
@@ -449,10 +449,7 @@ class Session:
                         if not final:
                             stale.append(kb[i * ks:(i + 1) * ks])
             if stale:
-                try:
-                    agg.delete_raw_batch(b"".join(stale))
-                except Exception:               # noqa: BLE001 (one gone meanwhile fails the batch)
-                    _delete_each(agg, [agg.Key.from_buffer_copy(k) for k in stale])
+                _delete_all(agg, (agg.Key * len(stale)).from_buffer_copy(b"".join(stale)))
             return out
         except Exception:                       # noqa: BLE001 (kernels without batch ops)
             if not final:
@@ -461,7 +458,7 @@ class Session:
         items = list(agg.items())
         if not final:
             items = [(k, v) for k, v in items if k.gen == old]
-        _delete_each(agg, [k for k, _ in items])
+        _delete_all(agg, [k for k, _ in items])
         return out + [(k.tgid, k.tid, k.ustack, k.kstack, k.pystack, k.kind, k.nstack, v.count, v.ns)
                       for k, v in items]
 
@@ -1014,11 +1011,12 @@ def _items(table) -> list:
 
 
 def _delete_all(table, keys) -> None:
-    """Delete keys from a BPF map, batched; one already gone is no error."""
-    if not keys:
+    """Delete keys (a list of keys, or a ctypes array of them) from a BPF
+    map, batched; one already gone is no error."""
+    if not len(keys):
         return
     try:
-        table.items_delete_batch((table.Key * len(keys))(*keys))
+        table.items_delete_batch(keys if isinstance(keys, ctypes.Array) else (table.Key * len(keys))(*keys))
     except Exception:                   # noqa: BLE001 (an entry gone meanwhile fails the batch)
         _delete_each(table, keys)
 

@@ -204,6 +204,17 @@ class Proc:
             self.p.kill()
             self.p.wait()
 
+    def close(self, timeout: float = 5):
+        """A process that reads commands on stdin: `exit`, then killed if it
+        has not gone within timeout."""
+        if self.p.poll() is None:
+            try:
+                self.send("exit")
+                self.p.wait(timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
 
 class Worker(Proc):
     def __init__(self, python: str, kind: str):
@@ -219,15 +230,6 @@ class Worker(Proc):
     def start_run(self, n):
         """Start work without waiting for it (startup/teardown targets)."""
         self.send(f"run {n}")
-
-    def close(self):
-        if self.p.poll() is None:
-            try:
-                self.send("exit")
-                self.p.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
 
 
 # -- profilers ---------------------------------------------------------------------------
@@ -733,13 +735,7 @@ def _end_server(srv: Proc, cli: Optional[Proc]):
         except subprocess.TimeoutExpired:
             pass
         cli.kill()
-    if srv.p.poll() is None:
-        try:
-            srv.send("exit")
-            srv.p.wait(10)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    srv.kill()
+    srv.close(10)
 
 
 def _server_stats(srv: Proc) -> dict:

@@ -54,6 +54,11 @@ def cflags(btf_path: Optional[str] = None) -> List[str]:
         f"-DPT_REGS_{f.upper()}_OFF={o}" for f, o in offs.items()]
 
 
+def tables_on(flags: List[str]) -> bool:
+    """Do these flags (from cflags()) walk native stacks with .eh_frame tables?"""
+    return "-DNATIVE_UNWIND=1" in flags
+
+
 def program_specs(perf: bool = True, switch: bool = True) -> List[Tuple[str, int]]:
     """(function, BPF program type) of the finishing programs load_programs
     loads (the session has them loaded with the main programs, in parallel)."""
