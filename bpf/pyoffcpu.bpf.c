@@ -42,8 +42,10 @@ BPF_HASH(agg, struct stack_key, struct stack_value, 65536);
 BPF_HASH(offcpu_start, u32, struct offcpu_start, 65536);
 BPF_HASH(pystack_seen, u64, u8, 131072);
 BPF_HASH(threads, u32, struct thread_t, 65536);
-/* Per target process: how many times it called exec (its layouts are gone). */
+/* Per target process: how many times it called exec (its layouts are gone);
+ * exec_total: all of them, the one number user space polls. */
 BPF_HASH(execs, u32, u64, 4096);
+BPF_ARRAY(exec_total, u64, 1);
 BPF_STACK_TRACE(ustacks, 32768);
 BPF_STACK_TRACE(kstacks, 16384);
 BPF_PERCPU_ARRAY(scratch, struct pystack, 2);   /* 0: on-CPU program, 1: sched_switch */
@@ -683,5 +685,8 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
         pi->walker = WALK_NONE;
     unwind_procs.delete(&tgid);
     execs.atomic_increment(tgid);
+    u64 *total = exec_total.lookup(&zero);
+    if (total)
+        __sync_fetch_and_add(total, 1);
     return 0;
 }

@@ -249,3 +249,40 @@ def test_switch_heavy_thread_keeps_apart_two_places_it_blocks_in(tmp_path, bpf):
     total = sum(off.values())
     assert total > 0.25e9, off          # enough blocked time to tell (less under load)
     assert abs(off["read_a"] / total - 0.5) < 0.1, off
+
+
+EXEC_LINES = {
+    "spin": {source_line("execs.py", "# SPIN"), source_line("execs.py", "while time.thread_time() < end")},
+    "before_exec": {source_line("execs.py", "    spin(seconds)")},
+    "after_exec": {source_line("execs.py", "    spin(seconds)") + 4},
+    "<module>": {source_line("execs.py", "after_exec(float("), source_line("execs.py", "before_exec(float(")},
+}
+
+
+@pytest.mark.parametrize("first,then", [("pyenv-3.12", "debian-3.11"), ("debian-3.11", "pyenv-3.8")])
+def test_target_that_execs_another_python_gets_the_new_layouts(tmp_path, bpf, first, then):
+    # One PID, two interpreters whose frame layouts and line tables differ
+    # (3.12 -> 3.11; 3.11 -> 3.8, across the 3.11 frame rework): the time after
+    # the exec has Python frames only if the new image was detected, the lines
+    # before it are right only if each stack is read with its own image's rules.
+    a, b = python_or_skip(first), python_or_skip(then)
+    secs = 1.5
+    res, prof = record_folded(tmp_path, "-F", "499", "--", a, os.path.join(WORKLOADS, "execs.py"), b,
+                              str(secs))
+    in_fn = {"before_exec": 0, "after_exec": 0}
+    for k, ns in prof.weights.items():
+        frames = py_frames(k)
+        for f in frames:
+            assert not f.name.startswith("[unknown code"), (k, res.stderr)
+            if f.file.endswith("execs.py"):
+                assert f.line in EXEC_LINES[f.name], (f, k)
+        names = [f.name for f in frames]
+        for fn in in_fn:
+            if fn in names and "spin" in names and k.off_cpu is None:
+                in_fn[fn] += ns
+    # Each spins for `secs` of its thread's CPU time.  A launched interpreter
+    # is found a few tens of ms after it starts, and is walked natively until
+    # then; and the samples split the exact on-CPU time over the stacks.
+    assert secs - 0.4 <= in_fn["before_exec"] / 1e9 <= secs + 0.2, (in_fn, res.stderr)
+    assert secs - 0.4 <= in_fn["after_exec"] / 1e9 <= secs + 0.2, (in_fn, res.stderr)
+    assert "CPython 3." in res.stderr and res.stderr.count("CPython") == 1, res.stderr

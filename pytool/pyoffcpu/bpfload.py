@@ -131,6 +131,15 @@ def update_elem(fd: int, key, value, flags: int = BPF_ANY) -> bool:
         return False
 
 
+def lookup_elem(fd: int, key, value) -> bool:
+    """bpf_map_lookup_elem into value; False when the key is not there."""
+    try:
+        _map_elem(_MAP_LOOKUP_ELEM, fd, key, value)
+        return True
+    except OSError:
+        return False
+
+
 def map_info(fd: int) -> Tuple[int, int, int, int, int, str]:
     """(type, key_size, value_size, max_entries, flags, name) of a map fd."""
     info = ct.create_string_buffer(88)

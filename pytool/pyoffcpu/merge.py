@@ -94,7 +94,7 @@ class Merger:
             result: Tuple[List[List[P.Frame]], bool] = ([], False)
             self._py_cache[pyhash] = result
             return result
-        py = self.rec.pythons.get(st.tgid)
+        py = self._python_of(st)
         minor = py.minor if py else (3, 11)
         groups: List[List[P.Frame]] = []
         group: List[P.Frame] = []
@@ -133,6 +133,11 @@ class Merger:
         self._py_cache[pyhash] = result
         return result
 
+    def _python_of(self, st):
+        """The interpreter a Python stack was walked in: its own image's (a
+        process that execs another Python has two), else the process's."""
+        return getattr(st, "python", None) or self.rec.pythons.get(st.tgid)
+
     def _python_frame(self, info, minor, offset, flags) -> Optional[P.Frame]:
         """The frame of code object `info` at `offset` (as BPF recorded it);
         None for a frame CPython itself would not show yet."""
@@ -170,7 +175,8 @@ class Merger:
         groups, truncated = self.python_groups(pyhash) if pyhash else ([], False)
         if groups:
             self.stats.python_ns += ns
-            interp = self.rec.pythons[tgid].binary if tgid in self.rec.pythons else None
+            py = self._python_of(self.rec.pystacks[pyhash])
+            interp = py.binary if py is not None else None
             leaf_first = self._interleave(native, groups, interp, ns, walked)
         else:
             leaf_first = [nf.frame for nf in native]
@@ -240,7 +246,7 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
         meta.target = "system-wide"
     else:
         meta.target = "pid " + ", ".join(str(p) for p in o.pids)
-    versions = sorted({py.version_str for py in rec.pythons.values()})
+    versions = sorted({py.version_str for py in getattr(rec, "python_images", None) or rec.pythons.values()})
     meta.python_version = ", ".join(versions)
     meta.command_line = "; ".join(rec.cmdlines.get(p, "") for p in sorted(rec.cmdlines))
     prof = P.Profile(meta)

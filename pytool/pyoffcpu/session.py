@@ -64,6 +64,9 @@ class PyStack:
     # the code objects, read when the stack arrived (the reader of the image it
     # was walked in); None: look them up in Recording.code
     infos: Optional[List[Optional[CodeInfo]]] = None
+    # the interpreter of that image: a process that execs another Python
+    # keeps its earlier stacks, in the earlier layouts and line tables
+    python: Optional[detect.PythonProcess] = None
 
 
 @dataclass
@@ -97,7 +100,8 @@ class Recording:
     kstacks: Dict[int, List[int]] = field(default_factory=dict)
     pystacks: Dict[int, PyStack] = field(default_factory=dict)
     code: Dict[Tuple[int, int], Optional[CodeInfo]] = field(default_factory=dict)
-    pythons: Dict[int, detect.PythonProcess] = field(default_factory=dict)
+    pythons: Dict[int, detect.PythonProcess] = field(default_factory=dict)     # the latest image
+    python_images: List[detect.PythonProcess] = field(default_factory=list)   # every one, execs too
     spaces: Dict[int, symbols.AddressSpace] = field(default_factory=dict)
     threads: Dict[int, ThreadTimes] = field(default_factory=dict)   # tid (or group id) ->
     comms: Dict[int, str] = field(default_factory=dict)
@@ -200,6 +204,8 @@ class Session:
         self._groups: Dict[Tuple[int, str], int] = {}  # (pid, entry) -> group id (< 0)
         self._unresolved: Dict[tuple, List[int]] = {}  # keys whose Python stack is not here yet
         self._execs: Dict[int, int] = {}
+        self._exec_total = None             # (fd, key, leaf) of exec_total, made at first use
+        self._exec_total_seen = 0
         self._stats_path = os.environ.get("PYOFFCPU_STATS_FILE")
         self._t0 = 0.0
         self._entries: Dict[int, Optional[str]] = {}   # Python stack hash -> its entry (_stack_entry)
@@ -325,6 +331,7 @@ class Session:
                 tgt.reader = CodeReader(tgt.mem, tgt.python.minor, tgt.python.offsets,
                                         tgt.python.code_type)
                 self.rec.pythons[pid] = tgt.python
+                self.rec.python_images.append(tgt.python)
                 self.rec.notices.extend(f"process {pid}: {n}" for n in tgt.python.notices)
                 self._register(tgt)
             elif tgt.python.tss_key == -2:
@@ -344,7 +351,19 @@ class Session:
 
     def _check_execs(self):
         """A target that called exec is a new image: BPF walks it natively
-        until it is detected and registered again, under a new epoch."""
+        until it is detected and registered again, under a new epoch.  The
+        loop polls one array element; the execs map (a hash map, whose
+        iteration walks every bucket) is read only when it changed."""
+        from .bpfload import lookup_elem
+        total = self._exec_total
+        if total is None:
+            table = self.bpf["exec_total"]
+            total = self._exec_total = (table.map_fd, table.Key(0), table.Leaf())
+        fd, key, leaf = total
+        lookup_elem(fd, key, leaf)
+        if leaf.value == self._exec_total_seen:
+            return
+        self._exec_total_seen = leaf.value
         for k, v in self.bpf["execs"].items():
             pid, n = k.value, v.value
             if self._execs.get(pid, 0) == n:
@@ -415,10 +434,11 @@ class Session:
         n = min(raw.depth, len(raw.frames))
         frames = [(raw.frames[i].code, raw.frames[i].offset, raw.frames[i].flags) for i in range(n)]
         tgt = self.targets.get(raw.tgid)
-        infos = None
+        infos = python = None
         if tgt is not None and tgt.reader is not None and raw.epoch == tgt.epoch:
             infos = [tgt.reader.code(code) for code, _, _ in frames]
-        self.rec.pystacks[raw.hash] = PyStack(raw.tgid, raw.flags, frames, infos)
+            python = tgt.python
+        self.rec.pystacks[raw.hash] = PyStack(raw.tgid, raw.flags, frames, infos, python)
 
     def _on_lost(self, count):
         self.rec.drops["python stack events lost"] = self.rec.drops.get(
@@ -469,10 +489,19 @@ class Session:
         # Python stacks BPF sent before those times were added are in the
         # perf buffer now.
         self.bpf.perf_buffer_poll(timeout=0)
-        pystacks = self.rec.pystacks
+        pystacks, stacks, native_ids = self.rec.pystacks, self.rec.stacks, self._native_ids
         for tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns in items:
-            key = (tgid, tid, self._ustack_id(ustack, nstack), kstack, pystack, kind)
-            self._fetch_stack_ids(key[2], kstack)
+            uid = native_ids.get(nstack, -2) if nstack else ustack
+            if uid == -2:
+                uid = self._ustack_id(ustack, nstack)
+            key = (tgid, tid, uid, kstack, pystack, kind)
+            acc = stacks.get(key)
+            if acc is not None:
+                # a key in rec.stacks has its stacks and Python frames already
+                acc[0] += count
+                acc[1] += ns
+                continue
+            self._fetch_stack_ids(uid, kstack)
             if pystack and pystack not in pystacks:
                 self._hold(key, count, ns)
             else:
@@ -625,20 +654,6 @@ class Session:
         return sum(self.rec.stacks[k][0] for k in self._tid_keys.get(tid, ())
                    if k[5] == KIND_ONCPU)
 
-    def _entry_of(self, tid: int) -> str:
-        """The function a thread started in: the outermost Python frame that
-        is not threading's own machinery, of its heaviest stack; its name
-        without Python frames."""
-        best, best_ns = "", -1
-        for key in self._tid_keys.get(tid, ()):
-            ns = self.rec.stacks[key][1]
-            if not key[4] or ns <= best_ns:
-                continue
-            entry = self._stack_entry(key[4])
-            if entry is not None:
-                best, best_ns = entry, ns
-        return best
-
     def _stack_entry(self, pyhash: int) -> Optional[str]:
         """A Python stack's outermost frame that is not threading's own, as
         `name (file)`; None when there is none or a frame is not known yet.
@@ -666,7 +681,16 @@ class Session:
     def _fold(self, tid: int):
         """Fold an ended thread into the group of its process and entry function."""
         t = self.rec.threads.pop(tid)
-        entry = self._entry_of(tid)
+        keys = self._tid_keys.pop(tid, ())
+        stacks = self.rec.stacks
+        moved = [(key, stacks.pop(key)) for key in keys]
+        # its entry: that of its heaviest Python stack that has one
+        entry, best_ns = "", -1
+        for key, (_, ns) in moved:
+            if key[4] and ns > best_ns:
+                e = self._stack_entry(key[4])
+                if e is not None:
+                    entry, best_ns = e, ns
         gkey = (t.pid, entry or t.name)
         gid = self._groups.get(gkey)
         if gid is None:
@@ -677,17 +701,18 @@ class Session:
         g = self.rec.threads[gid]
         g.threads += 1
         g.on_ns += t.on_ns
-        g.first_ns = min(g.first_ns, t.first_ns)
-        g.last_ns = max(g.last_ns, t.last_ns)
+        if t.first_ns < g.first_ns:
+            g.first_ns = t.first_ns
+        if t.last_ns > g.last_ns:
+            g.last_ns = t.last_ns
         g.samples += t.samples
         if g.threads == 1:
             g.first_tid = tid
-        for key in self._tid_keys.pop(tid, ()):
-            count, ns = self.rec.stacks.pop(key)
+        for key, (count, ns) in moved:
             gk = (key[0], gid) + key[2:]
-            acc = self.rec.stacks.get(gk)
+            acc = stacks.get(gk)
             if acc is None:
-                self.rec.stacks[gk] = [count, ns]
+                stacks[gk] = [count, ns]
             else:
                 acc[0] += count
                 acc[1] += ns
@@ -698,8 +723,9 @@ class Session:
         to add up to it (the raw counts stay); samples x period in cpu mode.
         Then an ended thread folds into its group."""
         t = self.rec.threads[tid]
+        stacks = self.rec.stacks
         on_keys = [k for k in self._tid_keys.get(tid, ()) if k[5] == KIND_ONCPU]
-        t.samples = sum(self.rec.stacks[k][0] for k in on_keys)
+        t.samples = sum([stacks[k][0] for k in on_keys])
         if self.opts.mode == "wall":
             self._scale_on_cpu(t, on_keys)
         elif self.opts.mode == "cpu":
@@ -765,7 +791,7 @@ class Session:
                     pyhash = (hash((pid, tid, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
                     infos = [tgt.reader.code(code) for code, _, _ in frames]
                     self.rec.pystacks[pyhash] = PyStack(pid, PYS_TRUNCATED if truncated else 0,
-                                                        frames, infos)
+                                                        frames, infos, tgt.python)
                 self._initial[tid] = (pid, pyhash, _state_kind(pid, tid),
                                       self._native_now(pid, tid))
 
