@@ -301,6 +301,34 @@ def test_map_types_are_the_ones_bcc_builds(entry, bpf):
     assert checked == 2 * len(entry["maps"]) >= 40
 
 
+def test_header_structs_are_the_ones_bpf_was_compiled_with(entry, bpf):
+    """Python's ctypes of the structs in bpf/*.h (bpfdefs.struct_type, read
+    from the headers) lay out every member where the compiled program has it:
+    one source for both sides, and this fails when they part."""
+    from pyoffcpu import bpfdefs
+
+    def layout(t):
+        if isinstance(t, type) and issubclass(t, ctypes.Structure):
+            return (ctypes.sizeof(t), [(f[0], getattr(t, f[0]).offset, layout(f[1])) for f in t._fields_])
+        if isinstance(t, type) and issubclass(t, ctypes.Array):
+            return ("array", t._length_, layout(t._type_))
+        return ctypes.sizeof(t)
+    seen = set()
+    for m in entry["maps"]:
+        for desc in (m["key_desc"], m["leaf_desc"]):
+            t = bpfload.ctype_of(json.loads(desc))
+            if isinstance(t, type) and issubclass(t, ctypes.Structure):
+                try:
+                    mine = bpfdefs.struct_type(t.__name__)
+                except KeyError:
+                    continue                # a struct of the .bpf.c itself
+                assert layout(mine) == layout(t), (m["name"], t.__name__)
+                seen.add(t.__name__)
+    # the perf event's pystack is the scratch map's value
+    assert {"pystack", "proc_info", "stack_key", "stack_value", "thread_t", "offcpu_start",
+            "control_t", "proc_unwind", "unwind_row"} <= seen, seen
+
+
 # -- a start from the cache ---------------------------------------------------------------------------
 def test_a_start_from_the_cache_maps_no_llvm(recordings):
     code = """

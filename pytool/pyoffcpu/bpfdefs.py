@@ -1,15 +1,17 @@
 """The constants BPF and user space share, read from the BPF headers.
 
 bpf/pyoffcpu.h and bpf/unwind_defs.h are the one source: every
-`#define NAME value  /* comment */` there is read here, so Python never keeps
-a second copy in step by hand.  Struct layouts come from bcc's ctypes of the
-maps (session, unwind/loader), or are checked against the headers by tests.
+`#define NAME value  /* comment */` there is read here, and so is every
+`struct NAME { ... };`, as a ctypes type (struct_type), so Python never keeps
+a second copy in step by hand.  The maps' key and value types come from the
+compiled program; tests/test_bpf_cache.py checks that they are these.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
-from typing import Dict, Tuple
+from typing import Dict, List, Optional, Tuple
 
 # bpf/ sits at the top of the source tree (the package is installed editable).
 BPF_DIR = os.environ.get("PYOFFCPU_BPF_DIR") or os.path.normpath(
@@ -83,3 +85,74 @@ def drop_names() -> Dict[int, str]:
 
 
 N_DROPS = value("N_DROPS")
+
+
+# -- structs ------------------------------------------------------------------------------
+_SCALARS = {
+    "unsigned long long": ctypes.c_uint64, "long long": ctypes.c_int64,
+    "unsigned long": ctypes.c_uint64, "long": ctypes.c_int64,
+    "unsigned int": ctypes.c_uint32, "int": ctypes.c_int32,
+    "unsigned short": ctypes.c_uint16, "short": ctypes.c_int16,
+    "unsigned char": ctypes.c_uint8, "signed char": ctypes.c_int8, "char": ctypes.c_char,
+    "u64": ctypes.c_uint64, "s64": ctypes.c_int64, "u32": ctypes.c_uint32, "s32": ctypes.c_int32,
+    "u16": ctypes.c_uint16, "s16": ctypes.c_int16, "u8": ctypes.c_uint8, "s8": ctypes.c_int8,
+}
+_STRUCT = re.compile(r"^struct\s+(\w+)\s*\{(.*?)^\};", re.S | re.M)
+_FIELD = re.compile(r"^(struct\s+\w+|(?:unsigned\s+|signed\s+)?(?:long\s+long|long|int|short|char)|"
+                    r"[us](?:8|16|32|64))\s+(.+)$")
+_DECL = re.compile(r"^(\w+)(?:\[([\w +*-]+)\])?$")
+_STRUCTS: Dict[str, type] = {}
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+
+
+def read_structs(name: str) -> List[Tuple[str, List[Tuple[str, str, Optional[str]]]]]:
+    """The structs of bpf/<name>, in order: (struct name, [(type, field,
+    array length or None)]).  Only what these headers use: scalar fields
+    (several to a line), arrays of a number or a #define, nested structs."""
+    with open(os.path.join(BPF_DIR, name)) as f:
+        text = _strip_comments(f.read())
+    out = []
+    for m in _STRUCT.finditer(text):
+        fields = []
+        for decl in m.group(2).split(";"):
+            decl = " ".join(decl.split())
+            if not decl:
+                continue
+            fm = _FIELD.match(decl)
+            if not fm:
+                raise ValueError(f"bpf/{name}: struct {m.group(1)}: cannot read {decl!r}")
+            for one in fm.group(2).split(","):
+                dm = _DECL.match(one.strip())
+                if not dm:
+                    raise ValueError(f"bpf/{name}: struct {m.group(1)}: cannot read {one!r}")
+                fields.append((fm.group(1), dm.group(1), dm.group(2)))
+        out.append((m.group(1), fields))
+    return out
+
+
+def _length(expr: str) -> int:
+    """An array length: numbers and #defines joined by + - * (no parentheses)."""
+    terms = re.split(r"\s*([+*-])\s*", expr.strip())
+    expr = "".join(t if t in "+-*" or t.isdigit() else str(value(t)) for t in terms)
+    if not re.fullmatch(r"[0-9+*-]+", expr):
+        raise ValueError(f"array length {expr!r}")
+    return int(eval(expr, {"__builtins__": {}}))      # digits and + - * only
+
+
+def struct_type(name: str) -> type:
+    """The ctypes Structure of `struct name` in the BPF headers (natural
+    alignment, as clang lays it out for BPF on x86-64)."""
+    if not _STRUCTS:
+        for h in ("pyoffcpu.h", "unwind_defs.h"):
+            for sname, fields in read_structs(h):
+                cfields = []
+                for ctype, fname, length in fields:
+                    t = _STRUCTS[ctype.split()[1]] if ctype.startswith("struct ") else _SCALARS[ctype]
+                    if length is not None:
+                        t = t * _length(length)
+                    cfields.append((fname, t))
+                _STRUCTS[sname] = type(sname, (ctypes.Structure,), {"_fields_": cfields})
+    return _STRUCTS[name]

@@ -22,15 +22,16 @@ import signal
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import bpfdefs, symbols
 from .bpfdefs import BPF_DIR, KIND_ONCPU, PYF_ENTRY, PYS_TRUNCATED  # noqa: F401 (re-exported)
 from .cpython import detect, walker
 from .unwind import loader as unwind_loader
-from .cpython.code import CodeInfo, CodeReader
-from .memory import MemoryError_, ProcessMemory
+from .cpython.code import CodeInfo
 from .platform import Platform, ProfilerError
+from .procfs import ns_id, proc_state, read_text, rss_kib
+from .targets import Targets
 
 KINDS = {bpfdefs.KIND_ONCPU: None, bpfdefs.KIND_SLEEP: "sleep", bpfdefs.KIND_RUNQUEUE: "runqueue",
          bpfdefs.KIND_UNINTERRUPTIBLE: "uninterruptible", bpfdefs.KIND_OTHER: "other"}
@@ -54,6 +55,14 @@ class Options:
     mode: str = "wall"              # wall | cpu | off
     kernel: bool = False
     fold_threads: bool = True       # ended threads fold by entry function
+
+
+@dataclass
+class Batch:
+    """What Session.batches() hands out after each drain: the Recording
+    (session.rec) holds everything drained up to here."""
+    elapsed_s: float                # since the start of the recording
+    final: bool                     # the recording is over and complete
 
 
 @dataclass
@@ -125,58 +134,6 @@ class Recording:
         return samples, blocked
 
 
-class Target:
-    """One profiled process: its BPF registration, Python runtime and memory."""
-
-    def __init__(self, pid: int, launched: bool = False):
-        self.pid = pid
-        self.launched = launched
-        self.python: Optional[detect.PythonProcess] = None
-        self.settled = False            # Python found, or given up looking
-        self.first_seen = time.monotonic()
-        self.reader: Optional[CodeReader] = None
-        self.mem: Optional[ProcessMemory] = None
-        self.exited = False
-        self.epoch = 0                  # execs seen (proc_info.epoch)
-
-
-def _read_text(path: str) -> Optional[str]:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def ns_id(status_path: str, host_id: int) -> int:
-    """The id of a task in its own (innermost) PID namespace, from the NSpid
-    line of /proc/.../status; 0 when it is the host's id or unknown."""
-    for line in (_read_text(status_path) or "").splitlines():
-        if line.startswith("NSpid:"):
-            ids = line.split()[1:]
-            inner = int(ids[-1]) if ids and ids[-1].isdigit() else 0
-            return inner if inner != host_id else 0
-    return 0
-
-
-def _proc_state(stat_path: str) -> str:
-    """The state letter of a /proc/.../stat file ("" when it is gone); the
-    command name before it may hold spaces and parentheses."""
-    fields = (_read_text(stat_path) or "").rsplit(")", 1)[-1].split()
-    return fields[0] if fields else ""
-
-
-def process_alive(pid: int) -> bool:
-    return _proc_state(f"/proc/{pid}/stat") not in ("", "Z", "X")
-
-
-def _rss_kib() -> int:
-    for line in (_read_text("/proc/self/status") or "").splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 class Session:
     def __init__(self, options: Options, platform: Platform,
                  status: Optional[Callable[[Recording, float], None]] = None,
@@ -186,7 +143,7 @@ class Session:
         self.status = status
         self.started = started          # called once BPF is attached and targets registered
         self.rec = Recording(options)
-        self.targets: Dict[int, Target] = {}
+        self.targets: Optional[Targets] = None     # made once BPF is loaded (run)
         self.child_pid: Optional[int] = None
         self.stop_reason: Optional[str] = None
         self.bpf = None
@@ -203,9 +160,6 @@ class Session:
         self._tid_keys: Dict[int, List[tuple]] = {}    # live tid -> its keys in rec.stacks
         self._groups: Dict[Tuple[int, str], int] = {}  # (pid, entry) -> group id (< 0)
         self._unresolved: Dict[tuple, List[int]] = {}  # keys whose Python stack is not here yet
-        self._execs: Dict[int, int] = {}
-        self._exec_total = None             # (fd, key, leaf) of exec_total, made at first use
-        self._exec_total_seen = 0
         self._stats_path = os.environ.get("PYOFFCPU_STATS_FILE")
         self._t0 = 0.0
         self._entries: Dict[int, Optional[str]] = {}   # Python stack hash -> its entry (_stack_entry)
@@ -286,147 +240,6 @@ class Session:
             else:
                 setattr(c, name, v)
         table[k] = c
-
-    # -- targets ------------------------------------------------------------
-    def _register(self, tgt: Target):
-        table = self.bpf["procs"]
-        info = table.Leaf()
-        for name, _ in info._fields_:
-            setattr(info, name, -1)
-        info.walker = bpfdefs.WALK_NONE
-        info.epoch = tgt.epoch
-        py = tgt.python
-        if py is not None and py.tss_key >= 0:
-            o = py.offsets
-            info.walker = detect.walker_kind(py.minor)
-            info.tss_key = py.tss_key
-            info.pthread_specific = py.thread_layout.specific_1stblock
-            for name in ("tstate_frame", "tstate_cframe", "cframe_current_frame",
-                         "tstate_current_frame", "frame_back", "frame_code", "frame_lasti",
-                         "iframe_code", "iframe_previous", "iframe_instr", "iframe_is_entry",
-                         "iframe_owner", "code_code_adaptive"):
-                setattr(info, name, o[name])
-        table[table.Key(tgt.pid)] = info
-        self._write_control(targets=sorted(self.targets))
-
-    def _add_target(self, pid: int, launched: bool = False):
-        tgt = Target(pid, launched)
-        self.targets[pid] = tgt
-        self._snapshot(tgt)
-        self._find_python(tgt)          # registers with Python frames when found
-        if not tgt.settled or tgt.python is None or tgt.reader is None:
-            self._register(tgt)         # native stacks meanwhile
-
-    def _find_python(self, tgt: Target):
-        """Look for the interpreter; a launched command may take a moment to map it."""
-        if tgt.settled:
-            return
-        pid = tgt.pid
-        try:
-            if tgt.python is None:
-                tgt.python = detect.find_python(pid)
-            if detect.refresh_tss(tgt.python):
-                tgt.settled = True
-                tgt.mem = ProcessMemory(pid)
-                tgt.reader = CodeReader(tgt.mem, tgt.python.minor, tgt.python.offsets,
-                                        tgt.python.code_type)
-                self.rec.pythons[pid] = tgt.python
-                self.rec.python_images.append(tgt.python)
-                self.rec.notices.extend(f"process {pid}: {n}" for n in tgt.python.notices)
-                self._register(tgt)
-            elif tgt.python.tss_key == -2:
-                tgt.settled = True
-                self.rec.notices.extend(tgt.python.notices)
-        except detect.Unsupported as e:
-            tgt.settled = True
-            self.rec.notices.append(f"process {pid}: {e}; profiling native stacks only")
-        except (detect.NotPython, MemoryError_, OSError):
-            # A launched command gets a few seconds to load its interpreter.
-            waited = time.monotonic() - tgt.first_seen
-            if not tgt.launched or waited > 3.0 or not process_alive(pid):
-                tgt.settled = True
-                comm = (_read_text(f"/proc/{pid}/comm") or "?").strip()
-                self.rec.notices.append(
-                    f"process {pid} ({comm}) is not a Python process: profiling native stacks only")
-
-    def _check_execs(self):
-        """A target that called exec is a new image: BPF walks it natively
-        until it is detected and registered again, under a new epoch.  The
-        loop polls one array element; the execs map (a hash map, whose
-        iteration walks every bucket) is read only when it changed."""
-        from .bpfload import lookup_elem
-        total = self._exec_total
-        if total is None:
-            table = self.bpf["exec_total"]
-            total = self._exec_total = (table.map_fd, table.Key(0), table.Leaf())
-        fd, key, leaf = total
-        lookup_elem(fd, key, leaf)
-        if leaf.value == self._exec_total_seen:
-            return
-        self._exec_total_seen = leaf.value
-        for k, v in self.bpf["execs"].items():
-            pid, n = k.value, v.value
-            if self._execs.get(pid, 0) == n:
-                continue
-            self._execs[pid] = n
-            tgt = self.targets.get(pid)
-            if tgt is None:
-                continue
-            tgt.epoch = n
-            if tgt.mem is not None:
-                tgt.mem.close()
-            tgt.python = tgt.reader = tgt.mem = None
-            tgt.settled = False
-            tgt.launched = True         # give the new image time to map its interpreter
-            tgt.first_seen = time.monotonic()
-            self._register(tgt)
-            self._snapshot(tgt, reload=True)
-            self._find_python(tgt)
-
-    def _snapshot(self, tgt: Target, reload: bool = False):
-        pid = tgt.pid
-        rec = self.rec
-        try:
-            maps = symbols.read_maps(pid)
-        except OSError:
-            return
-        space = rec.spaces.get(pid)
-        if space is None:
-            space = rec.spaces[pid] = symbols.AddressSpace(pid)
-        space.add_snapshot(maps)
-        if self.unwinder is not None:
-            if reload:
-                self.unwinder.reload(pid, maps)
-            else:
-                self.unwinder.update(pid, maps)
-        comm = _read_text(f"/proc/{pid}/comm")
-        if comm:
-            rec.comms[pid] = comm.strip()
-        inner = ns_id(f"/proc/{pid}/status", pid)
-        if inner:
-            rec.ns_ids[pid] = inner
-        cmd = _read_text(f"/proc/{pid}/cmdline")
-        if cmd:
-            rec.cmdlines[pid] = cmd.replace("\0", " ").strip()
-
-    def _list_threads(self):
-        """Every thread of the targets gets its entry in `threads` before the
-        start (BPF keeps their exact times); sched_process_fork adds the ones
-        started from now on.  Entries BPF made already are kept."""
-        from .bpfload import BPF_NOEXIST, update_elem
-        table = self.bpf["threads"]
-        for tgt in self.targets.values():
-            try:
-                tids = [int(t) for t in os.listdir(f"/proc/{tgt.pid}/task")]
-            except OSError:
-                continue
-            for tid in tids:
-                leaf = table.Leaf()
-                leaf.tgid = tgt.pid
-                name = (_read_text(f"/proc/{tgt.pid}/task/{tid}/comm") or "").strip().encode()
-                leaf.comm = name[:15]
-                key = table.Key(tid)
-                update_elem(table.map_fd, key, leaf, BPF_NOEXIST)
 
     # -- events ---------------------------------------------------------------
     def _on_pystack(self, cpu, data, size):
@@ -771,7 +584,7 @@ class Session:
     def _capture_preexisting(self):
         """The stacks of the targets' threads that are blocked at the start,
         read here, since BPF only sees a stack when a thread leaves the CPU."""
-        for tgt in self.targets.values():
+        for tgt in self.targets:
             pid = tgt.pid
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -825,7 +638,7 @@ class Session:
                 maps[name] = sum(1 for _ in self.bpf[name].keys())
             except Exception:
                 pass
-        line = {"t": round(elapsed, 3), "rss_kib": _rss_kib(), "maps": maps,
+        line = {"t": round(elapsed, 3), "rss_kib": rss_kib(), "maps": maps,
                 "drops": dict(self.rec.drops), "stacks": len(self.rec.stacks),
                 "threads": len(self.rec.threads), "unresolved": len(self._unresolved)}
         try:
@@ -894,74 +707,75 @@ class Session:
             self.stop_reason = reason
 
     def run(self) -> Recording:
+        """Record until the duration, the targets' end or request_stop()."""
+        for _ in self.batches():
+            pass
+        return self.rec
+
+    def batches(self) -> Iterator[Batch]:
+        """Compile, attach, register the targets and record: one Batch after
+        each drain (about a second), the last after the final one, when the
+        Recording is complete.  record, and whatever shows a live view, use
+        this one loop; a consumer that stops early ends the recording."""
         o = self.opts
         self._compile()
         self._attach()
         rec = self.rec
-        tgt = None
+        targets = self.targets = Targets(self.bpf, rec, self.unwinder,
+                                         lambda pids: self._write_control(targets=pids))
+        launched = None
         if o.command:
             # Registered before it execs, so its first instructions are profiled;
             # its interpreter is looked for once it is the command.
             self.child_pid = self._launch()
-            tgt = Target(self.child_pid, launched=True)
-            self.targets[tgt.pid] = tgt
-            self._register(tgt)
+            launched = targets.add_launched(self.child_pid)
         for pid in o.pids:
-            self._add_target(pid)
-        self._list_threads()
+            targets.add(pid)
+        targets.list_threads()
         # The recording starts once every target and thread is registered.
         self._start_ns = time.monotonic_ns()
         self._write_control(start_ns=self._start_ns)
         start_mono = self._t0 = time.monotonic()
         rec.start_time = time.time()
-        if o.mode in ("wall", "off") and o.pids:
-            self._capture_preexisting()
-        if tgt is not None:
-            self._start_child()
-            self._snapshot(tgt)
-            self._find_python(tgt)
-        if self.started:
-            self.started()
-        last_drain = last_slow = start_mono
-        deadline = start_mono + o.duration if o.duration else None
-        while self.stop_reason is None:
-            self.bpf.perf_buffer_poll(timeout=50)
-            now = time.monotonic()
-            if deadline and now >= deadline:
-                self.request_stop("duration")
-            if not self._check_child():
-                self.request_stop("target exited")
-            self._check_execs()
-            pending = [t for t in self.targets.values() if not t.settled]
-            for t in pending:
-                self._find_python(t)
-            if self.unwinder is not None:
-                # native stacks reached code in no known mapping: a library
-                # was just loaded (or the command just started): look again
-                for pid in self.unwinder.missed(0.2):
-                    t = self.targets.get(pid)
-                    if t is not None and not t.exited:
-                        self._snapshot(t)
-            if now - last_slow >= 0.5:
-                last_slow = now
-                alive = False
-                for t in self.targets.values():
-                    if not t.exited and process_alive(t.pid):
-                        alive = True
-                        self._snapshot(t)
-                    else:
-                        t.exited = True
-                if self.targets and not alive:
+        try:
+            if o.mode in ("wall", "off") and o.pids:
+                self._capture_preexisting()
+            if launched is not None:
+                self._start_child()
+                targets.started(launched)
+            if self.started:
+                self.started()
+            last_drain = start_mono
+            deadline = start_mono + o.duration if o.duration else None
+            while self.stop_reason is None:
+                self.bpf.perf_buffer_poll(timeout=50)
+                now = time.monotonic()
+                if deadline and now >= deadline:
+                    self.request_stop("duration")
+                if not self._check_child():
                     self.request_stop("target exited")
-            if now - last_drain >= 1.0:
-                last_drain = now
-                self._drain()
-                self._read_drops()
-                self._write_stats(now - start_mono)
-                if self.status:
-                    self.status(rec, now - start_mono)
-        # The end mark first: from it on BPF adds nothing, so what is read
-        # below is the whole recording, and every open interval ends there.
+                targets.poll(now)
+                if targets.all_exited():
+                    self.request_stop("target exited")
+                if now - last_drain >= 1.0:
+                    last_drain = now
+                    self._drain()
+                    self._read_drops()
+                    self._write_stats(now - start_mono)
+                    if self.status:
+                        self.status(rec, now - start_mono)
+                    yield Batch(now - start_mono, final=False)
+        except GeneratorExit:           # the consumer stopped early: end it cleanly
+            self.request_stop("stopped")
+            self._finish(start_mono)
+            raise
+        self._finish(start_mono)
+        yield Batch(rec.duration_s, final=True)
+
+    def _finish(self, start_mono: float):
+        """The end mark first: from it on BPF adds nothing, so what is read
+        below is the whole recording, and every open interval ends there."""
+        o, rec = self.opts, self.rec
         self._end_ns = time.monotonic_ns()
         self._write_control(end_ns=self._end_ns)
         time.sleep(GRACE_S)
@@ -975,14 +789,11 @@ class Session:
         self._finish_threads()
         self._read_drops()
         self._write_stats(time.monotonic() - start_mono)
-        for t in self.targets.values():
-            if t.mem is not None:
-                t.mem.close()
+        self.targets.close()
         if self.unwinder is not None:
             rec.notices.extend(self.unwinder.notices)
             self.unwinder.close()
         self.bpf.cleanup()
-        return rec
 
     def _flush_blocked(self):
         """Threads still off the CPU at the end: blocked until the end mark."""
@@ -1076,7 +887,7 @@ def _delete_each(table, keys) -> None:
 
 def _fdinfo(fd: int) -> Dict[str, int]:
     out = {}
-    for line in (_read_text(f"/proc/self/fdinfo/{fd}") or "").splitlines():
+    for line in (read_text(f"/proc/self/fdinfo/{fd}") or "").splitlines():
         k, _, v = line.partition(":")
         v = v.strip()
         if v.isdigit():
@@ -1087,7 +898,7 @@ def _fdinfo(fd: int) -> Dict[str, int]:
 def _state_kind(pid: int, tid: int) -> int:
     """The kind of off-CPU time (KINDS) of a thread's state in /proc."""
     return {"S": bpfdefs.KIND_SLEEP, "R": bpfdefs.KIND_RUNQUEUE, "D": bpfdefs.KIND_UNINTERRUPTIBLE,
-            "I": bpfdefs.KIND_SLEEP}.get(_proc_state(f"/proc/{pid}/task/{tid}/stat"),
+            "I": bpfdefs.KIND_SLEEP}.get(proc_state(f"/proc/{pid}/task/{tid}/stat"),
                                          bpfdefs.KIND_OTHER)
 
 
@@ -1113,23 +924,9 @@ def _bpf_source(path: str) -> str:
     return "".join(out)
 
 
-_PYSTACK_TYPE = None
-
-
 def _pystack_type():
     """ctypes of struct pystack (bpf/pyoffcpu.h), for the perf events."""
-    global _PYSTACK_TYPE
-    if _PYSTACK_TYPE is None:
-        class PyFrame(ctypes.Structure):
-            _fields_ = [("code", ctypes.c_uint64), ("offset", ctypes.c_int32),
-                        ("flags", ctypes.c_uint32)]
-
-        class PyStackC(ctypes.Structure):
-            _fields_ = [("hash", ctypes.c_uint64), ("tgid", ctypes.c_uint32),
-                        ("depth", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-                        ("epoch", ctypes.c_uint32), ("frames", PyFrame * bpfdefs.MAX_PY_DEPTH)]
-        _PYSTACK_TYPE = PyStackC
-    return _PYSTACK_TYPE
+    return bpfdefs.struct_type("pystack")
 
 
 def _walk(table, stack_id: int) -> List[int]:

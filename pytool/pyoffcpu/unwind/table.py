@@ -24,15 +24,18 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Tuple
 
-from .. import cachedir
+from .. import bpfdefs, cachedir
 from . import ehframe as E
 
-UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END = 0, 1, 2, 3, 4
-RBP_LOST = -128
+# the row kinds and limits BPF reads them with (bpf/unwind_defs.h)
+UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END = (bpfdefs.value(n) for n in (
+    "UR_INVALID", "UR_RSP", "UR_RBP", "UR_PLT", "UR_END"))
+RBP_LOST = bpfdefs.value("RBP_LOST")
 PAGE_SHIFT = 12
 PAGE = 1 << PAGE_SHIFT
+# struct unwind_row; rbp is written signed into its unsigned char (BPF reads it as signed char)
 ROW = struct.Struct("<IhBb")
-SEARCH_STEPS = 10                       # halvings the BPF search does (UNWIND_SEARCH_STEPS)
+SEARCH_STEPS = bpfdefs.value("UNWIND_SEARCH_STEPS")    # halvings the BPF search does
 MAX_ROWS_PER_PAGE = 1 << SEARCH_STEPS
 MIN_PAGE_SHIFT = 6
 
