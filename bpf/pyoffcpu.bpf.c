@@ -42,10 +42,19 @@ BPF_HASH(agg, struct stack_key, struct stack_value, 65536);
 BPF_HASH(offcpu_start, u32, struct offcpu_start, 65536);
 BPF_HASH(pystack_seen, u64, u8, 131072);
 BPF_HASH(threads, u32, struct thread_t, 65536);
+BPF_HASH(pystack_fix, u32, struct pystack_fix, 4096);
 /* Per target process: how many times it called exec (its layouts are gone);
  * exec_total: all of them, the one number user space polls. */
 BPF_HASH(execs, u32, u64, 4096);
 BPF_ARRAY(exec_total, u64, 1);
+/* --subprocesses: child tgid -> parent tgid | the parent's exec count at
+ * the fork << 32, for each process a target started (registered here at its
+ * fork; user space takes it from there: the same exec count now means the
+ * child is a copy of the parent's current image). */
+BPF_HASH(forks, u32, u64, 4096);
+/* SYSTEM_WIDE: samples of each process that had no procs entry yet (user
+ * space registers every process it finds here; the count is what it missed). */
+BPF_HASH(unregistered, u32, u64, 4096);
 BPF_STACK_TRACE(ustacks, 32768);
 BPF_STACK_TRACE(kstacks, 16384);
 BPF_PERCPU_ARRAY(scratch, struct pystack, 2);   /* 0: on-CPU program, 1: sched_switch */
@@ -327,8 +336,12 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
 #endif
     key->pystack = 0;
     struct proc_info *pi = procs.lookup(&tgid);
-    if (!pi)
+    if (!pi) {
+#if SYSTEM_WIDE
+        unregistered.atomic_increment(tgid);
+#endif
         return;
+    }
     struct pystack *st = scratch.lookup(&slot);
     if (!st)
         return;
@@ -347,7 +360,7 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
 static __always_inline int is_target(struct control_t *ctl, u32 tgid)
 {
 #if SYSTEM_WIDE
-    return 1;
+    return tgid != ctl->self_tgid;
 #else
     u32 n = ctl->ntargets;
     if (n > MAX_INLINE_TARGETS)
@@ -436,6 +449,21 @@ static __always_inline u32 off_cpu_kind(u64 preempt, u64 state)
     return KIND_OTHER;
 }
 
+/* The key of a thread's open off-CPU interval, with the Python stack user
+ * space found for it if BPF had none (pystack_fix). */
+static __always_inline void open_key(u32 tid, struct offcpu_start *st, struct stack_key *key)
+{
+    __builtin_memcpy(key, &st->key, sizeof(*key));
+    if (key->pystack)
+        return;
+    struct pystack_fix *fx = pystack_fix.lookup(&tid);
+    if (fx) {
+        if (fx->ts == st->ts)
+            key->pystack = fx->pystack;
+        pystack_fix.delete(&tid);
+    }
+}
+
 /* next goes on a CPU: close the interval it spent off it. */
 static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u64 exec)
 {
@@ -463,7 +491,8 @@ static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u
     }
     struct offcpu_start *st = offcpu_start.lookup(&tid);
     if (st) {
-        struct stack_key key = st->key;
+        struct stack_key key;
+        open_key(tid, st, &key);
         u64 from = st->ts > ctl->start_ns ? st->ts : ctl->start_ns;
         u64 ns = now - from;
         offcpu_start.delete(&tid);
@@ -489,7 +518,8 @@ static __always_inline u32 switch_targets(struct control_t *ctl, u32 prev_tid, u
                                           u32 next_tgid)
 {
 #if SYSTEM_WIDE
-    return (prev_tid ? SW_PREV : 0) | (next_tgid ? SW_NEXT : 0);
+    return (prev_tid && prev_tgid != ctl->self_tgid ? SW_PREV : 0) |
+           (next_tgid && next_tgid != ctl->self_tgid ? SW_NEXT : 0);
 #else
     u32 n = ctl->ntargets;
     u32 which = 0;
@@ -593,7 +623,8 @@ RAW_TRACEPOINT_PROBE(sched_switch)
             on = span;
         struct offcpu_start *open_st = offcpu_start.lookup(&prev);
         if (open_st) {
-            struct stack_key okey = open_st->key;
+            struct stack_key okey;
+            open_key(prev, open_st, &okey);
             offcpu_start.delete(&prev);
             if (span > on) {
                 add_time(&okey, span - on);
@@ -638,10 +669,53 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     return 0;
 }
 
+/* tgid is a new image (an exec, or a new process under a target's PID):
+ * user space looks at it again (it polls exec_total, then reads execs). */
+static __always_inline void new_image(u32 tgid)
+{
+    int zero = 0;
+    execs.atomic_increment(tgid);
+    u64 *total = exec_total.lookup(&zero);
+    if (total)
+        __sync_fetch_and_add(total, 1);
+}
+
 /* A target starts a thread: register it, so that its first switch-in is
  * seen.  Active from registration on, so that no thread started between the
  * listing of a target's threads and the start is missed.  A child process
  * (another tgid) is not a target. */
+/* --subprocesses: a target forked a process.  The child is a copy of its
+ * image (same interpreter, same offsets, same mappings), so it gets the
+ * parent's registration and unwind tables before its first instruction, and
+ * a thread entry; user space is told through `forks`.  An exec later makes
+ * it a new image like any target's. */
+static __always_inline void follow_child(struct control_t *ctl, u32 tgid, u32 ctgid)
+{
+    struct proc_info *ppi = procs.lookup(&tgid);
+    struct proc_info info = {};
+    info.walker = WALK_NONE;
+    if (ppi)
+        __builtin_memcpy(&info, ppi, sizeof(info));
+    procs.update(&ctgid, &info);
+    struct proc_unwind *pu = unwind_procs.lookup(&tgid);
+    if (pu)
+        unwind_procs.update(&ctgid, pu);
+    struct thread_t fresh = {};
+    fresh.tgid = ctgid;
+    fresh.flags = ctl->start_ns ? TH_BORN : 0;
+    bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
+    if (threads.update(&ctgid, &fresh) != 0)
+        count_drop(DROP_THREADS_FULL);
+    switch_memo.delete(&ctgid);
+    u64 *pexecs = execs.lookup(&tgid);
+    u64 parent = tgid | ((pexecs ? *pexecs : 0) << 32);
+    forks.update(&ctgid, &parent);
+    int zero = 0;
+    u64 *total = exec_total.lookup(&zero);
+    if (total)
+        __sync_fetch_and_add(total, 1);
+}
+
 RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
     int zero = 0;
@@ -649,12 +723,25 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
     if (!ctl || (ctl->end_ns && bpf_ktime_get_ns() >= ctl->end_ns))
         return 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!is_target(ctl, tgid))
-        return 0;
     u64 child = ctx->args[1];
     u32 ctgid = 0, ctid = 0;
     bpf_probe_read_kernel(&ctgid, sizeof(ctgid), (void *)(child + TASK_TGID_OFF));
     bpf_probe_read_kernel(&ctid, sizeof(ctid), (void *)(child + TASK_PID_OFF));
+    if (ctid != 0 && ctgid == ctid) {
+        /* A new process.  If its PID was a target's, that process is gone
+         * and its registration is stale: never walk this one with it. */
+        struct proc_info *pi = procs.lookup(&ctgid);
+        if (pi) {
+            pi->walker = WALK_NONE;
+            unwind_procs.delete(&ctgid);
+            new_image(ctgid);
+        }
+        if (ctl->follow && is_target(ctl, tgid))
+            follow_child(ctl, tgid, ctgid);
+        return 0;
+    }
+    if (!is_target(ctl, tgid))
+        return 0;
     if (ctgid != tgid || ctid == 0)
         return 0;
     struct thread_t fresh = {};
@@ -678,15 +765,18 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     if (!ctl)
         return 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!is_target(ctl, tgid))
+    if (is_target(ctl, tgid)) {
+        struct proc_info *pi = procs.lookup(&tgid);
+        if (pi)
+            pi->walker = WALK_NONE;
+        unwind_procs.delete(&tgid);
+        u32 tid = (u32)bpf_get_current_pid_tgid();
+        struct thread_t *th = threads.lookup(&tid);
+        if (th)                     /* the new program's name */
+            bpf_get_current_comm(&th->comm, sizeof(th->comm));
+    } else if (!ctl->discover) {
         return 0;
-    struct proc_info *pi = procs.lookup(&tgid);
-    if (pi)
-        pi->walker = WALK_NONE;
-    unwind_procs.delete(&tgid);
-    execs.atomic_increment(tgid);
-    u64 *total = exec_total.lookup(&zero);
-    if (total)
-        __sync_fetch_and_add(total, 1);
+    }
+    new_image(tgid);
     return 0;
 }

@@ -95,6 +95,10 @@ struct control_t {
     unsigned int gen;
     unsigned int ntargets;
     unsigned int targets[MAX_INLINE_TARGETS];   /* target tgids: no hash lookup for bystanders */
+    unsigned int discover;          /* -a with filters: report every exec, target or not */
+    unsigned int self_tgid;         /* pyoffcpu: never a target, even under SYSTEM_WIDE */
+    unsigned int follow;            /* --subprocesses: a target's new process is one too */
+    unsigned int pad;
 };
 
 /* Per thread of a target: its exact on-CPU time, from its switch-in and
@@ -122,6 +126,15 @@ struct thread_t {
 struct offcpu_start {
     struct stack_key key;
     unsigned long long ts;
+};
+
+/* A Python stack user space read for a thread that blocked before its
+ * process was registered with its interpreter (BPF walked no Python frames
+ * then): the stack of that off-CPU interval exactly, as long as it is the
+ * same interval (ts), since the thread has not run in between. */
+struct pystack_fix {
+    unsigned long long ts;          /* offcpu_start.ts of the interval */
+    unsigned long long pystack;     /* hash of the stack user space sent */
 };
 
 /* Indexes of the drops counter array. */

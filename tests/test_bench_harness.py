@@ -330,3 +330,106 @@ def test_maps_memlock_counts_each_map_once():
     prog = "pos:\t0\nprog_type:\t17\nprog_id:\t3\n"
     assert harness.maps_memlock([m1, m2, m1, prog]) == (2, 4196)
     assert harness.maps_memlock([]) == (0, 0)
+
+
+# -- case 12 helpers (tools/bench/run.py) ----------------------------------------------------------
+SYSTEM_WIDE_STDERR = """pyoffcpu: recording every process (cpu mode, 99 Hz, 20 s)
+pyoffcpu: notice: -a: 186 processes, 105 Python interpreters found (84 processes without one)
+pyoffcpu: notice: 51 samples of 16 Python processes came before they were registered: native frames only
+pyoffcpu: recorded 20.0 s of system-wide (181 processes, CPython 3.11.2, 3.11.7, 3.9.18): 403 samples, 0.00 s off-CPU
+pyoffcpu: drops: none
+"""
+
+
+def test_parse_system_wide():
+    import run
+    d = run.parse_system_wide(SYSTEM_WIDE_STDERR)
+    assert (d["processes"], d["pythons"], d["without"]) == (186, 105, 84)
+    assert (d["late_samples"], d["late_processes"]) == (51, 16)
+    assert d["recorded_processes"] == 181
+    assert d["versions"] == ["3.11.2", "3.11.7", "3.9.18"]
+    d = run.parse_system_wide("pyoffcpu: recorded 1.0 s of system-wide (3 processes): 0 samples\n")
+    assert d["processes"] is None and d["late_samples"] == 0
+    assert d["recorded_processes"] == 3 and d["versions"] == []
+    assert run.parse_system_wide("")["recorded_processes"] is None
+
+
+def test_process_roots_python_frames():
+    import run
+    folded = [
+        "process 10 python3.11;thread 10 python3.11;_start;idle_sleep_loop (fleet.py:77);blip (fleet.py:70) 3000",
+        "process 10 python3.11;thread 10 python3.11;_start;clock_nanosleep;hrtimer_nanosleep_[k] 1000",
+        "process 11 (ns 4) python3.9;thread 11 (ns 4) python3.9;[unknown] python3.9+0x1234 500",
+        # a comm with parentheses, no Python frame: the roots are not frames
+        "process 12 (sd-pam);thread 12 (sd-pam);epoll_wait 10",
+        "process 13 python;threads 4 ended in worker;run (<frozen runpy>:?) 20",
+        "process 14 python;thread 14 x;f (a.py:1) 7",
+        "process 14 python;thread 14 x;f (a.py:1) 8",
+        "thread 15 x;f (a.py:1) 9",                     # no process root: skipped
+        "garbage",
+        "",
+    ]
+    roots = run.process_roots(folded)
+    assert set(roots) == {10, 11, 12, 13, 14}
+    assert roots[10] == {"stacks": 2, "weight": 4000, "python_stacks": 1, "python_weight": 3000}
+    assert roots[11]["stacks"] == 1 and roots[11]["python_stacks"] == 0
+    assert roots[12]["python_stacks"] == 0
+    assert roots[13]["python_stacks"] == 1
+    assert roots[14] == {"stacks": 2, "weight": 15, "python_stacks": 2, "python_weight": 15}
+
+
+def test_all_pythons_paths_and_pyenv(tmp_path, monkeypatch):
+    import run
+    exe = tmp_path / "versions" / "3.12.1" / "bin" / "python3.12"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent")            # no pyenv to ask: $PYENV_ROOT's versions
+    found, missing = run.all_pythons(f"pyenv:3.12.1, {exe}, /nonexistent/python9, pyenv:2.1.0,")
+    assert found == [str(exe), str(exe)]
+    assert missing == ["/nonexistent/python9", "pyenv:2.1.0"]
+
+
+def _allprocs(with_pairs=True):
+    pairs = {"n": 10, "a_median": 1.0, "b_median": 1.004, "ratio_median": 1.004, "ratio_min": 0.97,
+             "ratio_max": 1.08, "cpu_ratio_median": 1.0, "cpu_ratio_min": 0.9, "cpu_ratio_max": 1.1,
+             "wait_a": 0.01, "wait_b": 0.02}
+    d = {"procs": 50, "seconds": 20.0, "pairs": 10, "pythons": ["/py/3.9", "/usr/bin/python3.11"],
+         "missing": ["pyenv:3.13.0"], "settle_s": 2.0, "window_s": 10.0,
+         "fleet": {"parent": 1, "long": [{"pid": 2, "python": "/py/3.9", "version": "3.9.18", "role": "busy"},
+                                         {"pid": 3, "python": "/usr/bin/python3.11", "version": "3.11.2",
+                                          "role": "idle-sleep"}],
+                   "short_alive": 2, "short_every": 0.5, "short_life": 1.0},
+         "recording": {"first": 0.9, "recording": 0.95, "hwm_mib": 76.4, "maxrss_mib": 76.0, "cpu_s": 5.1,
+                       "total_s": 22.0, "stop_s": 1.05, "startup_cpu_s": 0.97, "first_share": 0.2,
+                       "window_share": 0.1371, "processes": 186, "pythons": 105, "without": 84,
+                       "late_samples": 0, "late_processes": 0, "recorded_processes": 181,
+                       "versions": ["3.11.2", "3.9.18"],
+                       "per_python": {"/py/3.9 (3.9.18)": {"n": 1, "sampled": 1, "python": 1, "busy": 1},
+                                      "/usr/bin/python3.11 (3.11.2)": {"n": 1, "sampled": 0, "python": 0,
+                                                                       "busy": 0}},
+                       "shorts": {"n": 38, "sampled": 37, "python": 36}, "roots": 60, "other_roots": 20}}
+    if with_pairs:
+        d.update(n_work=6000, repeats=5, ab={**pairs, "failures": 0}, aa={**pairs, "ratio_median": 0.998},
+                 ab_fast=dict(pairs), aa_fast=dict(pairs))
+    return d
+
+
+def test_render_allprocs_and_targets():
+    import run
+    text = "\n".join(run.render_allprocs(_allprocs()))
+    assert "beside 50 Python processes" in text
+    assert "| own CPU, 2–12 s after `recording` (% of one core) " in text
+    assert "|               13.71 |    <= 1 | MISS |" in text
+    assert "(not found, left out: pyenv:3.13.0)" in text
+    assert "-a: 186 processes, 105 Python interpreters found (84 processes without one)" in text
+    assert "of the 2 long-lived processes 1 sampled, 1 with Python frames" in text
+    assert "| /usr/bin/python3.11 (3.11.2)   |         1 |            0 |            0 |" in text
+    assert "0.998 (0.970–1.080)" in text
+    rows = run.targets_summary(run.Results(allprocs=_allprocs()))
+    assert rows[0][1:] == ["<= 1%", "13.71%", "MISS"]
+    assert rows[1][1:] == ["<= 1.01", "1.004", "PASS"]
+    rows = run.targets_summary(run.Results(allprocs=_allprocs(with_pairs=False)))
+    assert len(rows) == 1
+    assert "Slowdown" not in "\n".join(run.render_allprocs(_allprocs(with_pairs=False)))

@@ -129,3 +129,26 @@ def test_the_final_drain_takes_everything_even_when_a_batch_fails(fail_after):
     got = Drainer(agg)._take_agg(final=True)
     assert sorted(got) == expected(items)       # each entry once: none lost, none twice
     assert agg.entries == {}
+
+
+def test_a_threads_entry_skips_threading_and_the_312_entry_shim():
+    """Ended threads fold by the function they started in: the outermost
+    frame that is neither threading's nor 3.12+'s `<interpreter trampoline>`
+    shim (the outermost frame of every 3.12+ thread: taking it would fold
+    every ended thread of a process into one group)."""
+    from pyoffcpu.cpython.code import CodeInfo
+
+    def info(name, filename):
+        return CodeInfo(name, filename, 1, b"", 0)
+    d = Drainer(FakeAgg([]))
+    d._entries = {}
+    d.rec = session.Recording(session.Options())
+    # innermost first, as BPF sends them
+    frames = [(1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0)]
+    infos = [info("handle", "/srv/app.py"), info("Thread.run", "/usr/lib/python3.12/threading.py"),
+             info("Thread._bootstrap", "/usr/lib/python3.12/threading.py"),
+             info("<interpreter trampoline>", "<shim>")]
+    d.rec.pystacks[7] = session.PyStack(1, 0, frames, infos)
+    assert d._stack_entry(7) == "handle (app.py)"
+    d.rec.pystacks[8] = session.PyStack(1, 0, frames[3:], infos[3:])
+    assert d._stack_entry(8) is None

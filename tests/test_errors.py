@@ -63,7 +63,7 @@ def test_unknown_extension_is_a_usage_error(tmp_path):
 
 def test_pid_and_command_together_is_a_usage_error():
     res = run_pyoffcpu("-p", "1", "--", "true")
-    assert_one_line_error(res, 2, "either -p PID or a command")
+    assert_one_line_error(res, 2, "give one of -p PID, -a, or a command")
 
 
 def test_no_btf(tmp_path, bpf):

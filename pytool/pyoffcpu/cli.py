@@ -19,6 +19,9 @@ Examples:
   sudo pyoffcpu -o boot.svg -- python3 app.py    # launch and profile to the end
   sudo pyoffcpu -p 4242 --mode off -o wait.folded  # blocked time only, folded text
   sudo pyoffcpu -p 4242 --mode cpu -F 499 --kernel # on-CPU only, with kernel frames
+  sudo pyoffcpu -a -d 10                 # every process on the machine, on-CPU
+  sudo pyoffcpu -a --match 'train|serve' --mode wall -d 10   # wall-clock, selected ones
+  sudo pyoffcpu --subprocesses -- python3 train.py   # and the processes it starts
 
 \b
 Output format follows the extension: .svg flame graph, .json speedscope,
@@ -62,12 +65,23 @@ def fail(msg: str, todo: str = "", code: int = 1):
 @main.command(epilog=RECORD_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
               help="Process to profile (all its threads). Repeat for several.")
+@click.option("-a", "--all", "all_", is_flag=True,
+              help="Every process on the machine, each under its own root, Python frames "
+                   "wherever Python runs (default --mode cpu; wall and off need a filter).")
+@click.option("--match", metavar="REGEX", default=None,
+              help="With -a: the processes whose command line matches REGEX.")
+@click.option("--uid", type=int, default=None, metavar="UID", help="With -a: the processes of this user id.")
+@click.option("--python-only", is_flag=True, help="With -a: Python processes only.")
+@click.option("--subprocesses", is_flag=True,
+              help="Follow the processes the target starts (fork, exec), each under its own "
+                   "root: multiprocessing pools, DataLoader and gunicorn workers.")
 @click.option("-d", "--duration", type=click.FloatRange(min=0.01), default=None,
               help="Seconds to record (default: until Ctrl-C or the target exits).")
 @click.option("-F", "--frequency", type=click.IntRange(1, 10000), default=99, show_default=True,
               help="On-CPU samples per second per CPU.")
-@click.option("--mode", type=click.Choice(["wall", "cpu", "off"]), default="wall", show_default=True,
-              help="wall: on- and off-CPU time; cpu: on-CPU only; off: blocked time only.")
+@click.option("--mode", type=click.Choice(["wall", "cpu", "off"]), default=None,
+              help="wall: on- and off-CPU time; cpu: on-CPU only; off: blocked time only "
+                   "[default: wall; with -a: cpu].")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Output file [default: pyoffcpu-<pid>-<YYYYmmdd-HHMMSS>.svg].")
 @click.option("--format", "fmt", type=click.Choice(["svg", "speedscope", "folded"]), default=None,
@@ -79,13 +93,29 @@ def fail(msg: str, todo: str = "", code: int = 1):
               help="Keep every thread that ended under its own root (default: ended threads "
                    "that started in the same function fold into one `threads N ended` root).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(pids, duration, frequency, mode, output, fmt, kernel, no_threads, full_paths, keep_tids,
-           command):
-    """Record a wall-clock profile of a process (-p) or of a command (-- CMD)."""
+def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt, kernel,
+           no_threads, full_paths, keep_tids, command):
+    """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
     from .export import check_writable, format_for_path
 
-    if bool(pids) == bool(command):
-        raise click.UsageError("give either -p PID or a command after --")
+    if sum((bool(pids), bool(command), all_)) != 1:
+        raise click.UsageError("give one of -p PID, -a, or a command after --")
+    filtered = match is not None or uid is not None or python_only
+    if filtered and not all_:
+        raise click.UsageError("--match, --uid and --python-only select processes for -a")
+    if subprocesses and all_:
+        raise click.UsageError("--subprocesses is for -p and commands (-a takes every process)")
+    mode = mode or ("cpu" if all_ else "wall")
+    if all_ and mode != "cpu" and not filtered:
+        raise click.UsageError(f"--mode {mode} -a needs a filter (--match, --uid or --python-only): "
+                               "a capture at every switch of every thread costs too much; "
+                               "or use --mode cpu")
+    if match is not None:
+        import re
+        try:
+            re.compile(match)
+        except re.error as e:
+            raise click.UsageError(f"--match: not a regular expression: {e}")
     for pid in pids:
         if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
             fail(f"no such process: {pid}", "check the PID with `ps`")
@@ -108,7 +138,9 @@ def record(pids, duration, frequency, mode, output, fmt, kernel, no_threads, ful
 
     from .session import Options
     opts = Options(pids=list(pids), command=list(command), duration=duration,
-                   frequency=frequency, mode=mode, kernel=kernel, fold_threads=not keep_tids)
+                   frequency=frequency, mode=mode, kernel=kernel, fold_threads=not keep_tids,
+                   system_wide=all_, match=match, uid=uid, python_only=python_only,
+                   follow=subprocesses)
     try:
         _record(opts, output, fmt, not no_threads, full_paths)
     except ProfilerError as e:
@@ -132,7 +164,8 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     from .summary import render_summary
 
     platform = plat.probe()
-    target = f"pid {opts.pids[0]}" if opts.pids else " ".join(opts.command)
+    target = (f"pid {opts.pids[0]}" if opts.pids else "every process" if opts.system_wide
+              else " ".join(opts.command))
 
     def started():
         click.echo(f"pyoffcpu: recording {target} ({opts.mode} mode, {opts.frequency} Hz"
@@ -155,10 +188,11 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     from .merge import build_profile
     ksyms = symbols.KernelSymbols.load() if opts.kernel else None
     prof, stats = build_profile(rec, symbols.Symbolizer(), ksyms)
-    main_pid = opts.pids[0] if opts.pids else (min(rec.comms) if rec.comms else 0)
+    main_pid = opts.pids[0] if opts.pids else (min(rec.comms) if rec.comms and opts.command else 0)
     if output is None:
-        output = f"pyoffcpu-{main_pid}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(rec.start_time))}.svg"
-    comm = rec.comms.get(main_pid, "")
+        who = "all" if opts.system_wide else main_pid
+        output = f"pyoffcpu-{who}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(rec.start_time))}.svg"
+    comm = rec.comms.get(main_pid, "") if main_pid else f"{len(rec.comms)} processes"
     title = (f"pyoffcpu: {prof.meta.target} {comm} — {opts.mode} mode, "
              f"{rec.duration_s:.1f} s, {opts.frequency} Hz")
     # a failed write still prints the summary; its error (naming the fallback

@@ -31,7 +31,7 @@ from .unwind import loader as unwind_loader
 from .cpython.code import CodeInfo
 from .platform import Platform, ProfilerError
 from .procfs import ns_id, proc_state, read_text, rss_kib
-from .targets import Targets
+from .targets import Select, Targets
 
 KINDS = {bpfdefs.KIND_ONCPU: None, bpfdefs.KIND_SLEEP: "sleep", bpfdefs.KIND_RUNQUEUE: "runqueue",
          bpfdefs.KIND_UNINTERRUPTIBLE: "uninterruptible", bpfdefs.KIND_OTHER: "other"}
@@ -55,6 +55,20 @@ class Options:
     mode: str = "wall"              # wall | cpu | off
     kernel: bool = False
     fold_threads: bool = True       # ended threads fold by entry function
+    # -a: which processes (none given: every one, SYSTEM_WIDE in BPF)
+    match: Optional[str] = None     # a regex searched in the command line
+    uid: Optional[int] = None
+    python_only: bool = False
+    follow: bool = False            # --subprocesses: the targets' children too
+
+    @property
+    def filtered(self) -> bool:
+        return self.match is not None or self.uid is not None or self.python_only
+
+    @property
+    def every_process(self) -> bool:
+        """-a without filters: BPF takes every process (SYSTEM_WIDE)."""
+        return self.system_wide and not self.filtered
 
 
 @dataclass
@@ -163,6 +177,7 @@ class Session:
         self._stats_path = os.environ.get("PYOFFCPU_STATS_FILE")
         self._t0 = 0.0
         self._entries: Dict[int, Optional[str]] = {}   # Python stack hash -> its entry (_stack_entry)
+        self._fixes: Dict[int, Tuple[int, int]] = {}   # tid -> (ts, Python stack hash) (_fix_blocked)
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -177,7 +192,7 @@ class Session:
             f"-DTASK_EXEC_OFF={p.task_exec_offset}",
             f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
-            f"-DSYSTEM_WIDE={1 if o.system_wide else 0}",
+            f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
         ]
         from .platform import BTF_PATH
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
@@ -231,7 +246,8 @@ class Session:
         for name, v in fields.items():
             if name == "targets":
                 pids = list(v)
-                if len(pids) > bpfdefs.MAX_INLINE_TARGETS:
+                # --subprocesses: BPF adds the children to procs itself
+                if len(pids) > bpfdefs.MAX_INLINE_TARGETS or self.opts.follow:
                     c.ntargets = bpfdefs.TARGETS_IN_MAP
                 else:
                     c.ntargets = len(pids)
@@ -247,6 +263,11 @@ class Session:
         n = min(raw.depth, len(raw.frames))
         frames = [(raw.frames[i].code, raw.frames[i].offset, raw.frames[i].flags) for i in range(n)]
         tgt = self.targets.get(raw.tgid)
+        if tgt is None and self.opts.follow:
+            # a child BPF registered at its fork, before the loop took it in
+            # (the fork bumped exec_total before any stack of the child)
+            self.targets.check_execs()
+            tgt = self.targets.get(raw.tgid)
         infos = python = None
         if tgt is not None and tgt.reader is not None and raw.epoch == tgt.epoch:
             infos = [tgt.reader.code(code) for code, _, _ in frames]
@@ -484,7 +505,9 @@ class Session:
         for info in reversed(infos):
             if info is None:
                 break
-            if not info.filename.endswith("threading.py"):
+            # threading's own frames, and 3.12+'s entry shim (`<interpreter
+            # trampoline>` in `<shim>`), are not where a thread started
+            if not info.filename.endswith("threading.py") and info.filename != "<shim>":
                 entry = f"{info.name} ({os.path.basename(info.filename)})"
                 break
         if st.infos:
@@ -570,7 +593,7 @@ class Session:
         self.rec.exact_on_cpu = self.opts.mode == "wall"
         for k, th in _items(self.bpf["threads"]):
             tid = k.value
-            if th.tgid not in self.targets:
+            if not self.opts.every_process and th.tgid not in self.targets:
                 continue
             self._thread_times(tid, th)
             self._close_thread(tid, th)
@@ -607,6 +630,43 @@ class Session:
                                                         frames, infos, tgt.python)
                 self._initial[tid] = (pid, pyhash, _state_kind(pid, tid),
                                       self._native_now(pid, tid))
+
+    def _fix_blocked(self, tgt):
+        """tgt has just been registered with its interpreter: its threads that
+        blocked before (a launched command, a child, a process found by -a)
+        were captured without Python frames.  Each still in that interval
+        (offcpu_start.ts the same before and after the read) has not run
+        since, so the frames read now are those it blocked with: BPF takes
+        them at its switch-in (pystack_fix), _flush_blocked at the end."""
+        if tgt.python is None or tgt.reader is None:
+            return
+        from .bpfload import update_elem
+        table, fix = self.bpf["offcpu_start"], self.bpf["pystack_fix"]
+        pid = tgt.pid
+
+        def open_now():
+            return {k.value: st.ts for k, st in _items(table)
+                    if st.key.tgid == pid and not st.key.pystack}
+        before = open_now()
+        if not before:
+            return
+        stacks = walker.all_thread_stacks(tgt.python)
+        if pid in self.rec.ns_ids:
+            host = {ns_id(f"/proc/{pid}/task/{t}/status", -1): t for t in before}
+            stacks = {host[t]: st for t, st in stacks.items() if t in host}
+        after = open_now()
+        for tid, ts in before.items():
+            frames, truncated = stacks.get(tid, ([], False))
+            if not frames or after.get(tid) != ts:
+                continue                # it ran meanwhile: its next capture has them
+            pyhash = (hash((pid, tid, ts, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
+            infos = [tgt.reader.code(code) for code, _, _ in frames]
+            self.rec.pystacks[pyhash] = PyStack(pid, PYS_TRUNCATED if truncated else 0, frames,
+                                                infos, tgt.python)
+            leaf = fix.Leaf()
+            leaf.ts, leaf.pystack = ts, pyhash
+            update_elem(fix.map_fd, fix.Key(tid), leaf)
+            self._fixes[tid] = (ts, pyhash)
 
     def _read_drops(self):
         for table_name, out in (("drops", self.rec.drops), ("drops_ns", self.rec.drops_ns)):
@@ -721,8 +781,13 @@ class Session:
         self._compile()
         self._attach()
         rec = self.rec
+        select = Select(o.match, o.uid, o.python_only) if o.system_wide else None
         targets = self.targets = Targets(self.bpf, rec, self.unwinder,
-                                         lambda pids: self._write_control(targets=pids))
+                                         lambda pids: self._write_control(targets=pids),
+                                         select=select, self_pid=os.getpid(), follow=o.follow,
+                                         on_python=self._fix_blocked if o.mode != "cpu" else None)
+        self._write_control(self_tgid=os.getpid(), discover=int(o.system_wide and o.filtered),
+                            follow=int(o.follow))
         launched = None
         if o.command:
             # Registered before it execs, so its first instructions are profiled;
@@ -731,6 +796,10 @@ class Session:
             launched = targets.add_launched(self.child_pid)
         for pid in o.pids:
             targets.add(pid)
+        if o.follow and o.pids:
+            targets.add_descendants()
+        if o.system_wide:
+            targets.scan()
         targets.list_threads()
         # The recording starts once every target and thread is registered.
         self._start_ns = time.monotonic_ns()
@@ -738,7 +807,7 @@ class Session:
         start_mono = self._t0 = time.monotonic()
         rec.start_time = time.time()
         try:
-            if o.mode in ("wall", "off") and o.pids:
+            if o.mode in ("wall", "off") and (o.pids or o.system_wide):
                 self._capture_preexisting()
             if launched is not None:
                 self._start_child()
@@ -755,7 +824,7 @@ class Session:
                 if not self._check_child():
                     self.request_stop("target exited")
                 targets.poll(now)
-                if targets.all_exited():
+                if not o.system_wide and targets.all_exited():
                     self.request_stop("target exited")
                 if now - last_drain >= 1.0:
                     last_drain = now
@@ -789,11 +858,23 @@ class Session:
         self._finish_threads()
         self._read_drops()
         self._write_stats(time.monotonic() - start_mono)
+        if o.system_wide:
+            self._system_wide_notices()
         self.targets.close()
         if self.unwinder is not None:
             rec.notices.extend(self.unwinder.notices)
             self.unwinder.close()
         self.bpf.cleanup()
+
+    def _system_wide_notices(self):
+        targets, rec = self.targets, self.rec
+        late = {p: n for p, n in targets.unregistered_samples().items() if p in rec.pythons}
+        n = len(targets) + len(targets.retired)
+        rec.notices.append(f"-a: {n} processes, {len(rec.python_images)} Python interpreters "
+                           f"found ({targets.not_python} processes without one)")
+        if late:
+            rec.notices.append(f"{sum(late.values())} samples of {len(late)} Python processes came before "
+                               "they were registered: native frames only")
 
     def _flush_blocked(self):
         """Threads still off the CPU at the end: blocked until the end mark."""
@@ -803,7 +884,10 @@ class Session:
             ns = self._end_ns - max(st.ts, self._start_ns)
             if ns <= 0:
                 continue
-            skey = (key.tgid, key.tid, self._ustack_id(key.ustack, key.nstack), key.kstack, key.pystack,
+            pystack = key.pystack
+            if not pystack and self._fixes.get(tid, (None,))[0] == st.ts:
+                pystack = self._fixes[tid][1]
+            skey = (key.tgid, key.tid, self._ustack_id(key.ustack, key.nstack), key.kstack, pystack,
                     key.kind)
             self._fetch_stack_ids(skey[2], key.kstack)
             self._add(skey, 1, ns)

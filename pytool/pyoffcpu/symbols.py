@@ -7,6 +7,9 @@ Pieces, in the order a user address flows through them:
   has exited can still be symbolized from what was seen of it).
 * ``ElfSymbols``: one ELF file's function symbols (from ``.symtab`` /
   ``.dynsym``, or a separate debug file), its PT_LOAD segments and build-id.
+  The files themselves are read by ``elffile`` (``ElfCache``): once per
+  session, by file identity, for the symbolizer, the unwinder, and the
+  look-ups of data symbols alike.
 * ``Symbolizer``: ties both together, caches per file, demangles C++ names
   in batches through ``c++filt``, and resolves kernel addresses through
   ``KernelSymbols`` (``/proc/kallsyms``).
@@ -17,16 +20,18 @@ Pieces, in the order a user address flows through them:
 from __future__ import annotations
 
 import bisect
-import io
 import os
 import shutil
-import struct
 import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
+# ELF symbol types, bindings and special section indices are elffile's.
+from .elffile import (  # noqa: F401  (STT_* and SHN_* re-exported)
+    ADDRESS_TYPES as _ADDRESS_TYPES, FUNC_TYPES as _FUNC_TYPES, SHN_ABS,
+    SHN_LORESERVE, SHN_UNDEF, STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC,
+    STT_GNU_IFUNC, STT_NOTYPE, STT_OBJECT, STT_TLS, ElfCache, ElfFile, LoadSegment,
+    default_cache, load_bias, segment_for_offset)
 
 __all__ = [
     "AddressSpace", "DEBUG_DIRS_ENV", "ElfSymbols", "KernelSymbols",
@@ -121,16 +126,7 @@ def path_in_root(path: str, root: Optional[str]) -> str:
         return path[len(real):]
     return path
 
-# ELF symbol types / bindings / special section indices.
-STT_NOTYPE, STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC = 0, 1, 2, 6, 10
-STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
-SHN_UNDEF, SHN_LORESERVE, SHN_ABS = 0, 0xFF00, 0xFFF1
-SHT_NOBITS = "SHT_NOBITS"
-
-_FUNC_TYPES = frozenset({STT_FUNC, STT_GNU_IFUNC})
-_ADDRESS_TYPES = frozenset({STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC})
 _BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1, STB_LOCAL: 2}
-_PAGE = 4096
 
 
 # ---------------------------------------------------------------------------
@@ -252,118 +248,16 @@ def _overlaps_any(m: Mapping, sorted_maps: list[Mapping],
 
 
 # ---------------------------------------------------------------------------
-# ELF files
+# ELF files (parsed once per session by elffile.ElfCache, by file identity)
 # ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LoadSegment:
-    """A PT_LOAD program header."""
-
-    offset: int
-    vaddr: int
-    filesz: int
-    memsz: int
-    align: int
+def _open_image(path: str, want_types: frozenset = _FUNC_TYPES,
+                cache: Optional[ElfCache] = None) -> Optional[ElfFile]:
+    """The session's ElfFile of ``path`` (None: unreadable, not ELF), with
+    its symbols when ``want_types`` asks for any."""
+    return (cache or default_cache()).get(path, symbols=bool(want_types))
 
 
-@dataclass
-class _RawSymbol:
-    name: str
-    value: int
-    size: int
-    type: int
-    bind: int
-    shndx: int
-
-
-class _ElfImage:
-    """What we read out of one ELF file (headers, symbol tables, notes)."""
-
-    def __init__(self, stream, want_types: frozenset = _FUNC_TYPES):
-        elf = ELFFile(stream)
-        self.e_type = elf["e_type"]
-        self.segments = [
-            LoadSegment(seg["p_offset"], seg["p_vaddr"], seg["p_filesz"],
-                        seg["p_memsz"], seg["p_align"])
-            for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"
-        ]
-        self.build_id: Optional[str] = None
-        self.debuglink: Optional[str] = None
-        self.has_symtab = False
-        self.symbols: list[_RawSymbol] = []
-        # (start, end) of each section by index, for unsized symbols.
-        self.section_ranges: list[tuple[int, int]] = []
-        sym_fmt = ("<" if elf.little_endian else ">") + (
-            "IBBHQQ" if elf.elfclass == 64 else "IIIBBH")
-        for idx, sec in enumerate(elf.iter_sections()):
-            self.section_ranges.append(
-                (sec["sh_addr"], sec["sh_addr"] + sec["sh_size"]))
-            stype = sec["sh_type"]
-            if stype in ("SHT_SYMTAB", "SHT_DYNSYM"):
-                if stype == "SHT_SYMTAB":
-                    self.has_symtab = True
-                if not want_types:
-                    continue
-                strtab = elf.get_section(sec["sh_link"]).data()
-                self.symbols.extend(_parse_symbols(
-                    sec.data(), strtab, sym_fmt, elf.elfclass, want_types))
-            elif stype == "SHT_NOTE" and self.build_id is None:
-                self.build_id = _build_id_from_notes(sec)
-            elif sec.name == ".gnu_debuglink" and stype != SHT_NOBITS:
-                raw = sec.data()
-                self.debuglink = raw[: raw.find(b"\0")].decode(
-                    "utf-8", "replace") or None
-        if self.build_id is None:
-            for seg in elf.iter_segments():
-                if seg["p_type"] == "PT_NOTE":
-                    self.build_id = _build_id_from_notes(seg)
-                    if self.build_id:
-                        break
-
-
-def _build_id_from_notes(container) -> Optional[str]:
-    try:
-        for note in container.iter_notes():
-            if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
-                desc = note["n_desc"]
-                return desc if isinstance(desc, str) else bytes(desc).hex()
-    except (ELFError, ValueError, struct.error):
-        return None
-    return None
-
-
-def _parse_symbols(data: bytes, strtab: bytes, fmt: str, elfclass: int,
-                   want_types: frozenset) -> list[_RawSymbol]:
-    """Decode a SYMTAB/DYNSYM section, keeping defined symbols of a type."""
-    out = []
-    entsize = struct.calcsize(fmt)
-    usable = len(data) - len(data) % entsize
-    for fields in struct.iter_unpack(fmt, data[:usable]):
-        if elfclass == 64:
-            name_off, info, _other, shndx, value, size = fields
-        else:
-            name_off, value, size, info, _other, shndx = fields
-        stype = info & 0xF
-        if stype not in want_types or shndx == SHN_UNDEF or not name_off:
-            continue
-        if stype != STT_TLS and value == 0:
-            continue
-        end = strtab.find(b"\0", name_off)
-        name = strtab[name_off:end if end >= 0 else len(strtab)].decode(
-            "utf-8", "replace")
-        out.append(_RawSymbol(name, value, size, stype, info >> 4, shndx))
-    return out
-
-
-def _open_image(path: str, want_types: frozenset = _FUNC_TYPES
-                ) -> Optional[_ElfImage]:
-    try:
-        with open(path, "rb") as f:
-            return _ElfImage(f, want_types)
-    except (OSError, ELFError, ValueError, struct.error, AssertionError):
-        return None
-
-
-def _debug_candidates(path: str, image: _ElfImage,
+def _debug_candidates(path: str, image: ElfFile,
                       debug_dirs: Sequence[str],
                       orig_path: Optional[str] = None,
                       root: Optional[str] = None) -> list[str]:
@@ -401,17 +295,24 @@ def _debug_candidates(path: str, image: _ElfImage,
     return [c for c in out if not (c in seen or seen.add(c))]
 
 
-def _load_debug_image(path: str, image: _ElfImage, debug_dirs: Sequence[str],
+def _load_debug_image(path: str, image: ElfFile, debug_dirs: Sequence[str],
                       orig_path: Optional[str] = None,
                       want_types: frozenset = _FUNC_TYPES,
-                      root: Optional[str] = None
-                      ) -> tuple[Optional[str], Optional[_ElfImage]]:
+                      root: Optional[str] = None,
+                      cache: Optional[ElfCache] = None
+                      ) -> tuple[Optional[str], Optional[ElfFile]]:
     """The first candidate debug file (see ``_debug_candidates``) that has a
     ``.symtab`` and, where both have one, the same build-id."""
+    cache = cache or default_cache()
     try:
         own = os.stat(path)
     except OSError:
         own = None
+
+    def fits(dbg: ElfFile) -> bool:
+        return dbg.has_symtab and not (image.build_id and dbg.build_id
+                                       and dbg.build_id != image.build_id)
+
     for cand in _debug_candidates(path, image, debug_dirs, orig_path, root):
         try:
             st = os.stat(cand)
@@ -420,13 +321,53 @@ def _load_debug_image(path: str, image: _ElfImage, debug_dirs: Sequence[str],
         if own is not None and (st.st_dev, st.st_ino) == (own.st_dev,
                                                           own.st_ino):
             continue  # the debuglink names the file itself
-        dbg = _open_image(cand, want_types)
-        if dbg is None or not dbg.has_symtab:
-            continue
-        if image.build_id and dbg.build_id and dbg.build_id != image.build_id:
+        dbg = cache.get(cand, symbols=fits)
+        if dbg is None or not fits(dbg):
             continue
         return cand, dbg
     return None, None
+
+
+def _function_table(sources: Sequence[ElfFile]
+                    ) -> tuple[list[int], list[int], list[str]]:
+    """(starts, ends, names) of the functions of a file and its debug file:
+    one name per address (global before weak before local, sized before
+    unsized, then the shortest, plainest name), unsized ones ending at their
+    section's end or at the next function."""
+    best: dict[int, tuple] = {}
+    for image in sources:
+        ranges = image.section_ranges
+        for s in image.function_symbols():
+            if s.size:
+                end = s.value + s.size
+            elif 0 < s.shndx < len(ranges) and s.shndx < SHN_LORESERVE:
+                end = ranges[s.shndx][1]
+            else:
+                end = 0  # unknown: bounded by the next symbol below
+            rank = (_BIND_RANK.get(s.bind, 3), s.size == 0,
+                    s.name.startswith("_"), len(s.name), s.name)
+            cur = best.get(s.value)
+            if cur is None:
+                best[s.value] = (rank, s.name, end)
+            else:
+                new_end = max(cur[2], end)
+                if rank < cur[0]:
+                    best[s.value] = (rank, s.name, new_end)
+                elif new_end != cur[2]:
+                    best[s.value] = (cur[0], cur[1], new_end)
+    starts = sorted(best)
+    names = []
+    ends = []
+    for i, start in enumerate(starts):
+        _rank, name, end = best[start]
+        nxt = starts[i + 1] if i + 1 < len(starts) else None
+        if end <= start:  # unsized with no section info
+            end = nxt if nxt is not None else start + 1
+        elif best[start][0][1] and nxt is not None:
+            end = min(end, nxt)  # unsized: stop at the next symbol
+        names.append(name)
+        ends.append(end)
+    return starts, ends, names
 
 
 class ElfSymbols:
@@ -434,21 +375,26 @@ class ElfSymbols:
 
     Symbols come from ``.symtab`` and ``.dynsym``; when the file has no
     ``.symtab``, a separate debug file is looked up by build-id and then by
-    ``.gnu_debuglink``, and its ``.symtab`` is used as well.
+    ``.gnu_debuglink``, and its ``.symtab`` is used as well.  The files are
+    parsed, and their function table made, once per session (ElfCache); an
+    ElfSymbols is the view of them from one path.
     """
 
     def __init__(self, path: str, debug_dirs: Optional[Sequence[str]] = DEFAULT_DEBUG_DIRS,
                  orig_path: Optional[str] = None, *, root: Optional[str] = None,
-                 _image=None):
+                 _image: Optional[ElfFile] = None, cache: Optional[ElfCache] = None):
         """``path`` is the file to read; ``orig_path`` the name it has in
         the process (for debuglink lookups under /usr/lib/debug); ``root``
         the process's root when it is not ours (debug files are looked up
-        there first); ``debug_dirs=None``: no debug file lookup."""
+        there first); ``debug_dirs=None``: no debug file lookup; ``cache``:
+        the session's ElfCache (default ``elffile.default_cache()``)."""
+        cache = cache or default_cache()
         self.path = path
         self.orig_path = orig_path or path
-        image = _image if _image is not None else _open_image(path)
-        if image is None:
+        image = _image if _image is not None else cache.get(path, symbols=True)
+        if image is None or not image.symbols_loaded:
             raise ValueError(f"not a readable ELF file: {path}")
+        self.image = image
         self.build_id: Optional[str] = image.build_id
         self.e_type: str = image.e_type
         self.segments: list[LoadSegment] = image.segments
@@ -457,54 +403,22 @@ class ElfSymbols:
         sources = [image]
         if not image.has_symtab and debug_dirs is not None:
             self.debug_file, dbg = _load_debug_image(
-                path, image, debug_dirs, orig_path, root=root)
+                path, image, debug_dirs, orig_path, root=root, cache=cache)
             if dbg is not None:
                 sources.append(dbg)
-        self._build_table(sources)
+        self._starts, self._ends, self._names = cache.derived(
+            "functions", tuple(s.identity for s in sources),
+            lambda: _function_table(sources))
 
     @classmethod
-    def from_bytes(cls, data: bytes, name: str) -> "ElfSymbols":
+    def from_bytes(cls, data: bytes, name: str,
+                   cache: Optional[ElfCache] = None) -> "ElfSymbols":
         """For in-memory images such as the vDSO (no debug file lookup)."""
-        image = _ElfImage(io.BytesIO(data))
-        return cls(name, debug_dirs=None, _image=image)
-
-    def _build_table(self, sources: list[_ElfImage]) -> None:
-        best: dict[int, tuple] = {}
-        for image in sources:
-            ranges = image.section_ranges
-            for s in image.symbols:
-                if s.size:
-                    end = s.value + s.size
-                elif 0 < s.shndx < len(ranges) and s.shndx < SHN_LORESERVE:
-                    end = ranges[s.shndx][1]
-                else:
-                    end = 0  # unknown: bounded by the next symbol below
-                rank = (_BIND_RANK.get(s.bind, 3), s.size == 0,
-                        s.name.startswith("_"), len(s.name), s.name)
-                cur = best.get(s.value)
-                if cur is None:
-                    best[s.value] = (rank, s.name, end)
-                else:
-                    new_end = max(cur[2], end)
-                    if rank < cur[0]:
-                        best[s.value] = (rank, s.name, new_end)
-                    elif new_end != cur[2]:
-                        best[s.value] = (cur[0], cur[1], new_end)
-        starts = sorted(best)
-        names = []
-        ends = []
-        for i, start in enumerate(starts):
-            _rank, name, end = best[start]
-            nxt = starts[i + 1] if i + 1 < len(starts) else None
-            if end <= start:  # unsized with no section info
-                end = nxt if nxt is not None else start + 1
-            elif best[start][0][1] and nxt is not None:
-                end = min(end, nxt)  # unsized: stop at the next symbol
-            names.append(name)
-            ends.append(end)
-        self._starts = starts
-        self._ends = ends
-        self._names = names
+        cache = cache or default_cache()
+        image = cache.from_bytes(data)
+        if image is None:
+            raise ValueError(f"not an ELF image: {name}")
+        return cls(name, debug_dirs=None, _image=image, cache=cache)
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -515,12 +429,8 @@ class ElfSymbols:
             if seg.offset <= off < seg.offset + seg.filesz:
                 return off - seg.offset + seg.vaddr
         # The page holding a segment's first bytes may start before p_offset.
-        for seg in self.segments:
-            page = max(seg.align, _PAGE)
-            lo = seg.offset - seg.offset % page
-            if lo <= off < seg.offset + max(seg.filesz, 1):
-                return off - seg.offset + seg.vaddr
-        return None
+        seg = segment_for_offset(off, self.segments)
+        return off - seg.offset + seg.vaddr if seg is not None else None
 
     def vaddr_to_file_offset(self, vaddr: int) -> Optional[int]:
         for seg in self.segments:
@@ -531,6 +441,11 @@ class ElfSymbols:
     def address_to_vaddr(self, addr: int, mapping: Mapping) -> Optional[int]:
         """Runtime address inside ``mapping`` -> ELF virtual address."""
         return self.file_offset_to_vaddr(mapping.file_offset(addr))
+
+    def load_bias(self, mapping: Mapping) -> Optional[int]:
+        """runtime address - ELF virtual address in ``mapping`` (as the
+        unwinder computes it: elffile.load_bias)."""
+        return load_bias(mapping, self.segments)
 
     # -- symbol lookup ------------------------------------------------------
     def lookup(self, vaddr: int) -> Optional[tuple[str, int]]:
@@ -551,7 +466,8 @@ class ElfSymbols:
 def find_symbol_address(path: str, name: str,
                         debug_dirs: Optional[Sequence[str]] = None,
                         orig_path: Optional[str] = None,
-                        root: Optional[str] = None) -> Optional[int]:
+                        root: Optional[str] = None,
+                        cache: Optional[ElfCache] = None) -> Optional[int]:
     """ELF virtual address (st_value) of a defined function / object / TLS
     symbol called ``name`` in ``.dynsym`` or ``.symtab`` of ``path`` (or of
     its separate debug file, under ``debug_dirs``, default
@@ -560,23 +476,18 @@ def find_symbol_address(path: str, name: str,
     module's TLS block."""
     if debug_dirs is None:
         debug_dirs = debug_dirs_from_env()
-    image = _open_image(path, _ADDRESS_TYPES)
+    cache = cache or default_cache()
+    image = cache.get(path, symbols=True)
     if image is None:
         return None
-    value = _symbol_value(image, name)
+    value = image.address_of(name)
     if value is None and not image.has_symtab and debug_dirs:
         _cand, dbg = _load_debug_image(path, image, debug_dirs, orig_path,
-                                       want_types=_ADDRESS_TYPES, root=root)
+                                       want_types=_ADDRESS_TYPES, root=root,
+                                       cache=cache)
         if dbg is not None:
-            value = _symbol_value(dbg, name)
+            value = dbg.address_of(name)
     return value
-
-
-def _symbol_value(image: _ElfImage, name: str) -> Optional[int]:
-    for s in image.symbols:
-        if s.name == name:
-            return s.value
-    return None
 
 
 def _same_file(mapping: Mapping, path: str, real: str, st) -> bool:
@@ -590,16 +501,18 @@ def _same_file(mapping: Mapping, path: str, real: str, st) -> bool:
 
 
 def runtime_address(mappings: Iterable[Mapping], path: str, vaddr: int,
-                    elf_path: Optional[str] = None) -> int:
+                    elf_path: Optional[str] = None,
+                    cache: Optional[ElfCache] = None) -> int:
     """Convert ``vaddr`` of object file ``path`` to an address in a process.
 
     ``mappings`` are the process's maps; ``path`` is matched against their
     paths (a symlink or another name of the same inode also matches).  The
     ELF program headers are read from ``elf_path`` (default ``path``; pass
-    /proc/PID/root/... for a process in another mount namespace).  Raises
+    /proc/PID/root/... for a process in another mount namespace).  The
+    first mapping of the file (lowest address) gives the load bias.  Raises
     LookupError when the file is not mapped."""
     elf_path = elf_path or path
-    image = _open_image(elf_path, frozenset())
+    image = (cache or default_cache()).get(elf_path)
     if image is None:
         raise LookupError(f"cannot read ELF program headers of {elf_path}")
     try:
@@ -610,12 +523,9 @@ def runtime_address(mappings: Iterable[Mapping], path: str, vaddr: int,
     for m in sorted(mappings, key=lambda m: m.start):
         if not _same_file(m, path, real, st):
             continue
-        for seg in image.segments:
-            page = max(seg.align, _PAGE)
-            lo = seg.offset - seg.offset % page
-            if lo <= m.offset < seg.offset + max(seg.filesz, 1):
-                bias = m.start - (m.offset - seg.offset + seg.vaddr)
-                return vaddr + bias
+        bias = load_bias(m, image.segments)
+        if bias is not None:
+            return vaddr + bias
     raise LookupError(f"{path} is not mapped in the given address space")
 
 
@@ -757,15 +667,19 @@ class Symbolizer:
     """Resolves user and kernel addresses to names, caching per file."""
 
     def __init__(self, debug_dirs: Optional[Sequence[str]] = None,
-                 demangle_names: bool = True):
+                 demangle_names: bool = True, elf_cache: Optional[ElfCache] = None):
         """``debug_dirs``: where separate debug files are looked up (default
         ``debug_dirs_from_env()``: $PYOFFCPU_DEBUG_DIRS or /usr/lib/debug);
-        for a process with its own root, under that root first."""
+        for a process with its own root, under that root first.
+        ``elf_cache``: the session's parsed ELF files (default
+        ``elffile.default_cache()``, shared with the unwinder)."""
         self.debug_dirs = tuple(debug_dirs_from_env() if debug_dirs is None
                                 else debug_dirs)
         self.demangle_names = demangle_names
-        self._elf_by_stat: dict[tuple, Optional[ElfSymbols]] = {}
-        self._elf_by_build_id: dict[tuple, ElfSymbols] = {}
+        self.elf_cache = elf_cache if elf_cache is not None else default_cache()
+        # (file identity, path, orig_path, root) -> the file seen from there
+        # (its debug file is looked up from those names)
+        self._elf_by_lookup: dict[tuple, ElfSymbols] = {}
         self._elf_by_mapping: dict[tuple, Optional[ElfSymbols]] = {}
         # pid -> its root when not ours; may be filled in by whoever saw the
         # process alive (its /proc entry is gone once it has exited)
@@ -776,7 +690,6 @@ class Symbolizer:
         self._pending: set[str] = set()
         self._kernel: Optional[KernelSymbols] = None
         self._vdso: Optional[ElfSymbols] = None
-        self._vdso_loaded = False
 
     # -- processes ----------------------------------------------------------
     def address_space(self, pid: int) -> AddressSpace:
@@ -813,27 +726,20 @@ class Symbolizer:
     # -- files ----------------------------------------------------------------
     def elf_for_path(self, path: str, orig_path: Optional[str] = None,
                      root: Optional[str] = None) -> Optional[ElfSymbols]:
-        """ElfSymbols of a file, cached by (dev, inode, mtime, size) and by
-        (path, build-id), each per root (its debug files are looked up
-        under ``root`` first)."""
-        try:
-            st = os.stat(path)
-        except OSError:
+        """ElfSymbols of the file at ``path`` now, None when it is not a
+        readable ELF file.  The file is parsed once per session whatever its
+        path (the session's ElfCache, by file identity); its debug file is
+        looked up once per name it is reached by and ``root`` (under which
+        debug files are looked up first)."""
+        image = self.elf_cache.get(path, symbols=True)
+        if image is None:
             return None
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, root)
-        if key in self._elf_by_stat:
-            return self._elf_by_stat[key]
-        image = _open_image(path)
-        elf = None
-        if image is not None:
-            bkey = (orig_path or path, image.build_id, root)
-            elf = self._elf_by_build_id.get(bkey) if image.build_id else None
-            if elf is None:
-                elf = ElfSymbols(path, self.debug_dirs, orig_path, root=root,
-                                 _image=image)
-                if image.build_id:
-                    self._elf_by_build_id[bkey] = elf
-        self._elf_by_stat[key] = elf
+        key = (image.identity, path, orig_path, root)
+        elf = self._elf_by_lookup.get(key)
+        if elf is None:
+            elf = ElfSymbols(path, self.debug_dirs, orig_path, root=root,
+                             _image=image, cache=self.elf_cache)
+            self._elf_by_lookup[key] = elf
         return elf
 
     def _elf_for_mapping(self, pid: int, m: Mapping,
@@ -884,19 +790,14 @@ class Symbolizer:
         return matching + other
 
     def _vdso_symbols(self) -> Optional[ElfSymbols]:
-        """The vDSO image of this process (the kernel's, same for all)."""
-        if not self._vdso_loaded:
-            self._vdso_loaded = True
-            try:
-                for m in read_maps(os.getpid()):
-                    if m.path == "[vdso]":
-                        with open("/proc/self/mem", "rb") as f:
-                            f.seek(m.start)
-                            data = f.read(m.end - m.start)
-                        self._vdso = ElfSymbols.from_bytes(data, "[vdso]")
-                        break
-            except (OSError, OverflowError, ValueError, ELFError, struct.error):
-                self._vdso = None
+        """The vDSO image (the kernel's, the same in every process), as the
+        session's ElfCache read it once."""
+        if self._vdso is None:
+            v = self.elf_cache.vdso()
+            if v is None:
+                return None
+            self._vdso = ElfSymbols("[vdso]", debug_dirs=None, _image=v[1],
+                                    cache=self.elf_cache)
         return self._vdso
 
     # -- resolution -------------------------------------------------------

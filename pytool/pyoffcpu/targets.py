@@ -22,6 +22,7 @@ this stage for the targets and tells it when to look again (poll).
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -33,7 +34,49 @@ from .procfs import ns_id, process_alive, read_text
 
 SNAPSHOT_S = 0.5                # maps, comm and liveness of every target read again
 LAUNCH_WAIT_S = 3.0             # a launched command's time to map its interpreter
+RETRY_FIRST_S = 0.005           # ... looked for again after 5 ms, then half the time it has waited
+RETRY_MAX_S = 0.1               # (at most 100 ms): found within 1.5 times its start-up
 MISSED_S = 0.2                  # BPF met an unknown pc: maps read again at most this often
+
+
+def start_ticks(pid: int) -> int:
+    """When a process started (clock ticks after boot, /proc/PID/stat field
+    22): a PID and this name one process, however often the PID is reused.
+    0 when it is gone."""
+    fields = (read_text(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
+
+
+def uid_of(pid: int) -> Optional[int]:
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
+class Select:
+    """Which processes -a takes: --match (a regex searched in the command
+    line), --uid, --python-only; none given: every process."""
+
+    def __init__(self, match: Optional[str] = None, uid: Optional[int] = None,
+                 python_only: bool = False):
+        self.pattern = re.compile(match) if match else None
+        self.uid = uid
+        self.python_only = python_only
+
+    @property
+    def filtered(self) -> bool:
+        return self.pattern is not None or self.uid is not None or self.python_only
+
+    def wants(self, pid: int) -> bool:
+        """By what /proc says now (--python-only is decided by detection)."""
+        if self.uid is not None and uid_of(pid) != self.uid:
+            return False
+        if self.pattern is not None:
+            cmd = (read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+            if not cmd or not self.pattern.search(cmd):
+                return False
+        return True
 
 
 class Target:
@@ -45,10 +88,17 @@ class Target:
         self.python: Optional[detect.PythonProcess] = None
         self.settled = False            # Python found, or given up looking
         self.first_seen = time.monotonic()
+        self.next_try = self.first_seen     # find_python: not before (backing off)
         self.reader: Optional[CodeReader] = None
         self.mem: Optional[ProcessMemory] = None
         self.exited = False
-        self.epoch = 0                  # execs seen (proc_info.epoch)
+        # proc_info.epoch: which image; unique in the session (Targets.new_epoch),
+        # so that no two images' stacks, of one PID or of a reused one, ever share a hash
+        self.epoch = 0
+        self.start_ticks = start_ticks(pid)     # with the PID, names the process (reuse)
+        self.retired = False            # its BPF registration is gone (Targets.retire)
+        self.waits_for: Optional["Target"] = None     # --subprocesses: the parent it copies
+        self.children_waiting: List["Target"] = []    # ... children forked before it was found
 
     def forget_image(self):
         """The process is another program now (exec): nothing of the old one holds."""
@@ -56,31 +106,56 @@ class Target:
             self.mem.close()
         self.python = self.reader = self.mem = None
         self.settled = False
+        self.waits_for = None
+        for child in self.children_waiting:   # copies of the old image: on their own now
+            child.waits_for, child.settled = None, False
+        self.children_waiting = []
         self.launched = True            # give the new image time to map its interpreter
-        self.first_seen = time.monotonic()
+        self.first_seen = self.next_try = time.monotonic()
 
 
 class Targets:
-    def __init__(self, bpf, rec, unwinder, write_targets: Callable[[List[int]], None]):
+    def __init__(self, bpf, rec, unwinder, write_targets: Callable[[List[int]], None],
+                 select: Optional[Select] = None, self_pid: int = 0, follow: bool = False,
+                 on_python: Optional[Callable[[Target], None]] = None):
         """bpf: the loaded programs; rec: the Recording (interpreters, address
         spaces, names and notices go there); unwinder: the native unwinder or
-        None; write_targets(pids): puts the target list into BPF's control."""
+        None; write_targets(pids): puts the target list into BPF's control;
+        select: -a, which processes to take (found at the start, on exec and,
+        without filters, from their first samples); self_pid: never taken;
+        follow: --subprocesses, the processes the targets start are targets
+        (BPF registers them at their fork, `forks` says so); on_python(tgt):
+        called once a target is registered with its interpreter."""
         self.bpf = bpf
         self.rec = rec
         self.unwinder = unwinder
         self._write_targets = write_targets
+        self.select = select
+        self.self_pid = self_pid
+        self.follow = follow
+        self.on_python = on_python
+        self._forks_seen = set()
+        self._epoch = 0
         self.by_pid: Dict[int, Target] = {}
+        self.retired: List[Target] = []     # -a: gone, or their PID now another process's
+        self._retired_pids = set()
+        self.not_python = 0                 # -a: processes found without an interpreter
         self._execs: Dict[int, int] = {}
         self._exec_total = None             # (fd, key, leaf) of exec_total, made at first use
         self._exec_total_seen = 0
         self._last_snapshot = time.monotonic()
 
     # -- the collection --------------------------------------------------------
+    def new_epoch(self) -> int:
+        self._epoch += 1
+        return self._epoch
+
     def get(self, pid: int) -> Optional[Target]:
         return self.by_pid.get(pid)
 
     def __contains__(self, pid: int) -> bool:
-        return pid in self.by_pid
+        """A target now or earlier in the recording (its times are counted)."""
+        return pid in self.by_pid or pid in self._retired_pids
 
     def __iter__(self) -> Iterator[Target]:
         return iter(list(self.by_pid.values()))
@@ -92,23 +167,53 @@ class Targets:
     def add(self, pid: int) -> Target:
         """A running process (-p): its maps and interpreter now."""
         tgt = self.by_pid[pid] = Target(pid)
+        tgt.epoch = self.new_epoch()
         self.snapshot(tgt)
         self.find_python(tgt)           # registers with Python frames when found
         if not tgt.settled or tgt.python is None or tgt.reader is None:
             self.register(tgt)          # native stacks meanwhile
         return tgt
 
+    def add_descendants(self):
+        """--subprocesses with -p: the processes the targets started before
+        the recording (a pool already running), children of children too."""
+        parents: Dict[int, List[int]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                fields = (read_text(f"/proc/{name}/stat") or "").rsplit(")", 1)[-1].split()
+                if len(fields) > 1 and fields[1].isdigit():
+                    parents.setdefault(int(fields[1]), []).append(int(name))
+        todo = list(self.by_pid)
+        while todo:
+            for child in parents.get(todo.pop(), ()):
+                if child not in self.by_pid and child != self.self_pid:
+                    self.add(child)
+                    todo.append(child)
+
     def add_launched(self, pid: int) -> Target:
         """A command forked but not yet exec'd (--): registered before its first
         instruction; its interpreter is looked for once it runs (started)."""
         tgt = self.by_pid[pid] = Target(pid, launched=True)
+        tgt.epoch = self.new_epoch()
         self.register(tgt)
         return tgt
 
     def started(self, tgt: Target):
-        """The launched command is running its own image now."""
+        """The launched command is running its own image now: the exec BPF
+        counted is the one this detection sees, so it is not a new image
+        later (which would throw away the stacks walked until then)."""
+        self._execs[tgt.pid] = self._exec_count(tgt.pid)
+        tgt.epoch = self.new_epoch()
         self.snapshot(tgt)
         self.find_python(tgt)
+        if not tgt.settled or tgt.reader is None:
+            self.register(tgt)          # the new epoch, native stacks meanwhile
+
+    def _exec_count(self, pid: int) -> int:
+        try:
+            return self.bpf["execs"][self.bpf["execs"].Key(pid)].value
+        except KeyError:
+            return 0
 
     def register(self, tgt: Target):
         """Its entry in `procs`: the walker and offsets of its interpreter, or
@@ -131,7 +236,7 @@ class Targets:
                          "iframe_owner", "code_code_adaptive"):
                 setattr(info, name, o[name])
         table[table.Key(tgt.pid)] = info
-        self._write_targets(sorted(self.by_pid))
+        self._write_targets(sorted(p for p, t in self.by_pid.items() if not t.exited))
 
     def list_threads(self):
         """Every thread of the targets gets its entry in `threads` before the
@@ -169,6 +274,12 @@ class Targets:
                 self.rec.python_images.append(tgt.python)
                 self.rec.notices.extend(f"process {pid}: {n}" for n in tgt.python.notices)
                 self.register(tgt)
+                if self.on_python is not None:
+                    self.on_python(tgt)
+                for child in tgt.children_waiting:
+                    if child.waits_for is tgt and not child.exited:
+                        self._inherit(child, tgt)
+                tgt.children_waiting = []
             elif tgt.python.tss_key == -2:
                 tgt.settled = True
                 self.rec.notices.extend(tgt.python.notices)
@@ -179,6 +290,11 @@ class Targets:
             waited = time.monotonic() - tgt.first_seen
             if not tgt.launched or waited > LAUNCH_WAIT_S or not process_alive(pid):
                 tgt.settled = True
+                if self.select is not None:
+                    self.not_python += 1
+                    if self.select.python_only:
+                        self.retire(tgt)
+                    return
                 comm = (read_text(f"/proc/{pid}/comm") or "?").strip()
                 self.rec.notices.append(
                     f"process {pid} ({comm}) is not a Python process: profiling native stacks only")
@@ -198,27 +314,100 @@ class Targets:
         if leaf.value == self._exec_total_seen:
             return
         self._exec_total_seen = leaf.value
+        if self.follow:
+            self._check_forks()
         for k, v in self.bpf["execs"].items():
             pid, n = k.value, v.value
             if self._execs.get(pid, 0) == n:
                 continue
             self._execs[pid] = n
             tgt = self.by_pid.get(pid)
-            if tgt is None:
+            if tgt is not None and not tgt.exited and start_ticks(pid) == tgt.start_ticks:
+                # the same process, a new program
+                tgt.epoch = self.new_epoch()
+                tgt.forget_image()
+                self.register(tgt)
+                self.snapshot(tgt, reload=True)
+                self.find_python(tgt)
                 continue
-            tgt.epoch = n
-            tgt.forget_image()
-            self.register(tgt)
-            self.snapshot(tgt, reload=True)
+            if tgt is not None:
+                # its process is gone and the PID is another's (BPF stopped
+                # walking it with the old registration at the fork)
+                self.retire(tgt)
+            if self.select is not None:
+                self.discover(pid, launched=True)
+
+    def _check_forks(self):
+        """--subprocesses: the children BPF registered at their fork."""
+        for k, v in self.bpf["forks"].items():
+            child, parent, parent_execs = k.value, v.value & 0xffffffff, v.value >> 32
+            if child in self._forks_seen:
+                continue
+            self._forks_seen.add(child)
+            self.add_child(child, parent, parent_execs)
+
+    def add_child(self, pid: int, ppid: int, parent_execs: int) -> Optional[Target]:
+        """A process a target forked: a copy of the parent's image (if the
+        parent has not exec'd since), so the parent's interpreter and
+        offsets hold; its own memory and mappings."""
+        parent = self.by_pid.get(ppid)
+        old = self.by_pid.get(pid)
+        if old is not None:
+            self.retire(old)            # its PID was a target's that is gone
+            self.by_pid.pop(pid, None)
+        tgt = self.by_pid[pid] = Target(pid)
+        self._execs[pid] = self._exec_count(pid)
+        if parent is not None and parent_execs != self._execs.get(ppid, 0):
+            parent = None               # forked from an earlier image of the parent
+        try:
+            # stacks BPF walked with the entry it copied carry its epoch
+            tgt.epoch = self.bpf["procs"][self.bpf["procs"].Key(pid)].epoch if parent else 0
+        except KeyError:
+            pass
+        if not tgt.epoch:
+            tgt.epoch = self.new_epoch()
+        self.snapshot(tgt)
+        if parent is not None and not parent.settled:
+            # the parent's interpreter is still being looked for: the child
+            # takes it when it is found (Targets.find_python), not a search of its own
+            tgt.settled = True
+            tgt.waits_for = parent
+            parent.children_waiting.append(tgt)
+            self.register(tgt)          # native stacks meanwhile
+        elif parent is not None:
+            self._inherit(tgt, parent)
+        else:
             self.find_python(tgt)
+            if not tgt.settled:
+                self.register(tgt)      # native stacks until its interpreter is found
+        return tgt
+
+    def _inherit(self, tgt: Target, parent: Target):
+        """A child that is a copy of parent's image: its interpreter, offsets
+        and code objects' layout; its own memory."""
+        tgt.waits_for = None
+        tgt.python, tgt.settled = parent.python, True
+        if parent.reader is not None and parent.python is not None:
+            try:
+                tgt.mem = ProcessMemory(tgt.pid)
+                tgt.reader = CodeReader(tgt.mem, parent.python.minor, parent.python.offsets,
+                                        parent.python.code_type)
+                self.rec.pythons[tgt.pid] = parent.python
+            except (MemoryError_, OSError):
+                tgt.python = tgt.reader = None
+        self.register(tgt)
+        if tgt.reader is not None and self.on_python is not None:
+            self.on_python(tgt)
 
     def poll(self, now: float):
         """The main loop's turn: execs, interpreters still to find, mappings
         BPF could not place; every SNAPSHOT_S the maps and liveness of all."""
         self.check_execs()
         for tgt in self:
-            if not tgt.settled:
+            if not tgt.settled and now >= tgt.next_try:
                 self.find_python(tgt)
+                wait = min(RETRY_MAX_S, max(RETRY_FIRST_S, 0.5 * (now - tgt.first_seen)))
+                tgt.next_try = now + wait
         if self.unwinder is not None:
             # native stacks reached code in no known mapping: a library was
             # just loaded (or the command just started): look again
@@ -231,13 +420,81 @@ class Targets:
             for tgt in self:
                 if tgt.exited:
                     continue
-                if process_alive(tgt.pid):
+                if process_alive(tgt.pid) and start_ticks(tgt.pid) == tgt.start_ticks:
                     self.snapshot(tgt)
                 else:
-                    tgt.exited = True
+                    self.retire(tgt)
+        if self.select is not None and not self.select.filtered:
+            self._discover_sampled()
 
     def all_exited(self) -> bool:
         return bool(self.by_pid) and all(t.exited for t in self)
+
+    def retire(self, tgt: Target):
+        """A target whose process is gone (or whose PID another process has
+        now): its BPF registrations go, so nothing is walked with them."""
+        if tgt.retired:
+            return
+        tgt.retired = tgt.exited = True
+        if tgt.mem is not None:
+            tgt.mem.close()
+            tgt.mem = None
+        try:
+            del self.bpf["procs"][self.bpf["procs"].Key(tgt.pid)]
+        except KeyError:
+            pass
+        if self.unwinder is not None:
+            self.unwinder.forget(tgt.pid)
+        if self.select is not None and self.by_pid.get(tgt.pid) is tgt:
+            # -a: the PID is free for the next process; the old one's facts stay in rec
+            del self.by_pid[tgt.pid]
+            self.retired.append(tgt)
+            self._retired_pids.add(tgt.pid)
+        self._write_targets(sorted(p for p, t in self.by_pid.items() if not t.exited))
+
+    # -- -a: finding the processes -------------------------------------------------
+    def scan(self):
+        """At the start: every process the selection takes."""
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                self.discover(int(name))
+
+    def discover(self, pid: int, launched: bool = False) -> Optional[Target]:
+        """A process met by -a (at the start, at its exec, in the samples):
+        taken if the selection wants it; kernel threads too, natively."""
+        if pid in (0, self.self_pid) or pid in self.by_pid or self.select is None:
+            return None
+        if not self.select.wants(pid):
+            return None
+        tgt = Target(pid, launched)    # launched: it has just exec'd, give it time
+        if not tgt.start_ticks:
+            return None                 # gone already
+        tgt.epoch = self.new_epoch()
+        self.by_pid[pid] = tgt
+        self.snapshot(tgt)
+        self.find_python(tgt)
+        if pid not in self.by_pid:
+            return None                 # --python-only, and it is not
+        if tgt.python is None or tgt.reader is None:
+            self.register(tgt)          # native stacks
+        elif self.unwinder is not None:
+            self.snapshot(tgt)          # now with its unwind tables
+        return tgt
+
+    def _discover_sampled(self):
+        """-a without filters: BPF counts the samples of processes it has no
+        entry for; each is taken (and registered, which ends its count)."""
+        for k, _ in self.bpf["unregistered"].items():
+            if k.value not in self.by_pid:
+                self.discover(k.value)
+
+    def unregistered_samples(self) -> Dict[int, int]:
+        """-a: per process, the samples taken before it was registered (native
+        frames only: BPF did not know its interpreter yet)."""
+        try:
+            return {k.value: v.value for k, v in self.bpf["unregistered"].items()}
+        except KeyError:
+            return {}
 
     def snapshot(self, tgt: Target, reload: bool = False):
         """Its mappings now (for symbols and unwind tables), name and command."""
@@ -251,7 +508,7 @@ class Targets:
         if space is None:
             space = rec.spaces[pid] = symbols.AddressSpace(pid)
         space.add_snapshot(maps)
-        if self.unwinder is not None:
+        if self.unwinder is not None and self._tables_for(tgt):
             if reload:
                 self.unwinder.reload(pid, maps)
             else:
@@ -265,6 +522,13 @@ class Targets:
         cmd = read_text(f"/proc/{pid}/cmdline")
         if cmd:
             rec.cmdlines[pid] = cmd.replace("\0", " ").strip()
+
+    def _tables_for(self, tgt: Target) -> bool:
+        """Unwind tables for every -p / command target; under -a for the
+        Python processes (their native frames interleave with the Python
+        ones), the others walk by frame pointer: tables for every process
+        of a machine cost seconds and hundreds of MiB."""
+        return self.select is None or tgt.python is not None
 
     def close(self):
         for tgt in self:

@@ -23,10 +23,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-
 from .. import symbols
+from ..elffile import default_cache
 from ..elfsyms import defined_symbols
 from ..memory import MemoryError_, ProcessMemory
 from .. import libc
@@ -125,12 +123,7 @@ _VERSION_RE = re.compile(rb"(?<![0-9.])([23])\.(\d{1,2})\.(\d{1,2})(?:(?:a|b|rc)
 
 def _rodata_versions(path: str) -> Dict[Tuple[int, int, int], int]:
     """How often each X.Y.Z string ends a NUL-terminated string in .rodata."""
-    try:
-        with open(path, "rb") as f:
-            sec = ELFFile(f).get_section_by_name(".rodata")
-            data = sec.data() if sec is not None else b""
-    except (OSError, ELFError, ValueError, struct.error):
-        return {}
+    data = default_cache().section_data(path, ".rodata")
     counts: Dict[Tuple[int, int, int], int] = {}
     for m in _VERSION_RE.finditer(data):
         v = (int(m.group(1)), int(m.group(2)), int(m.group(3)))

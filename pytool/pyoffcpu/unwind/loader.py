@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .. import symbols
+from ..elffile import ElfCache, default_cache, load_bias
 from ..bpfdefs import (MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER,  # noqa: F401
                        NST_INCOMPLETE, NST_TRUNCATED, NST_UNMAPPED)
 from . import table as T
@@ -77,28 +78,24 @@ class _Loaded:
     base: int                   # ELF vaddr of the table's pc 0
 
 
-@dataclass
-class _ElfInfo:
-    segments: list
-    build_id: Optional[str]
-
-
 class NativeUnwinder:
     """The finishing programs, and with `tables` the unwind tables.  With
     bpf None: tables for user-space walks only (walk_blocked)."""
 
-    def __init__(self, bpf, tables: bool = True, cache: Optional[T.TableCache] = None):
+    def __init__(self, bpf, tables: bool = True, cache: Optional[T.TableCache] = None,
+                 elf_cache: Optional[ElfCache] = None):
+        """``cache``: unwind tables; ``elf_cache``: the session's parsed ELF
+        files (default ``elffile.default_cache()``, shared with the
+        symbolizer and the interpreter detection)."""
         self.bpf = bpf
         self.tables = tables
         self.cache = cache if cache is not None else (T.TableCache() if tables else None)
+        self.elf_cache = elf_cache if elf_cache is not None else default_cache()
         self.capacity = rows_capacity()
         self._next = 0
         self._objects: Dict[tuple, Optional[_Loaded]] = {}
-        self._elf: Dict[tuple, Optional[_ElfInfo]] = {}
         self._proc_keys: Dict[int, frozenset] = {}
         self._regions: Dict[int, list] = {}     # pid -> walk.Region list (user-space walks)
-        self._vdso: Optional[Tuple[bytes, _ElfInfo]] = None
-        self._vdso_read = False
         self.notices: List[str] = []
         self._full_noticed = False
         self.stacks_read = 0
@@ -140,17 +137,6 @@ class NativeUnwinder:
         self._mm = None
 
     # -- object files ---------------------------------------------------------
-    def _elf_info(self, path: str) -> Optional[_ElfInfo]:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key not in self._elf:
-            img = symbols._open_image(path, frozenset())
-            self._elf[key] = _ElfInfo(img.segments, img.build_id) if img else None
-        return self._elf[key]
-
     def _load(self, key: tuple, t: Optional[T.UnwindTable]) -> Optional[_Loaded]:
         if key in self._objects:
             return self._objects[key]
@@ -177,34 +163,17 @@ class NativeUnwinder:
         self._objects[key] = loaded
         return loaded
 
-    def _vdso_image(self) -> Optional[Tuple[bytes, _ElfInfo]]:
-        if not self._vdso_read:
-            self._vdso_read = True
-            try:
-                for m in symbols.read_maps(os.getpid()):
-                    if m.path == "[vdso]":
-                        with open("/proc/self/mem", "rb") as f:
-                            f.seek(m.start)
-                            data = f.read(m.end - m.start)
-                        import io
-                        img = symbols._ElfImage(io.BytesIO(data), frozenset())
-                        self._vdso = (data, _ElfInfo(img.segments, img.build_id))
-                        break
-            except Exception:
-                self._vdso = None
-        return self._vdso
-
     def _entry(self, pid: int, m: symbols.Mapping
                ) -> Optional[Tuple[int, int, int, _Loaded, T.UnwindTable]]:
         """(start, end, runtime base, where its table is, table) of one
         executable mapping."""
         if m.path == "[vdso]":
-            v = self._vdso_image()
+            v = self.elf_cache.vdso()
             if v is None:
                 return None
             data, info = v
             t = self.cache.get_bytes("[vdso]", data, info.build_id)
-            loaded = self._load(("vdso", info.build_id or len(data)), t)
+            loaded = self._load(("vdso", info.identity), t)
         elif m.is_file:
             path = None
             for cand in (f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}",
@@ -217,19 +186,19 @@ class NativeUnwinder:
                     continue
             if path is None:
                 return None
-            info = self._elf_info(path)
+            info = self.elf_cache.get(path)
             if info is None:
                 return None
-            st = os.stat(path)
-            key = ("bid", info.build_id) if info.build_id else (
-                "file", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            # where its rows are: one copy per table (the table cache keys
+            # tables by build-id), else per file identity
+            key = ("bid", info.build_id) if info.build_id else ("elf", info.identity)
             t = self.cache.get(path, info.build_id)
             loaded = self._load(key, t)
         else:
             return None
         if loaded is None:
             return None
-        bias = _bias(m, info.segments)
+        bias = load_bias(m, info.segments)
         if bias is None:
             return None
         return m.start, m.end, loaded.base + bias, loaded, t
@@ -359,13 +328,3 @@ class NativeUnwinder:
             except KeyError:
                 pass
         return pcs, flags
-
-
-def _bias(m: symbols.Mapping, segments) -> Optional[int]:
-    """runtime address - ELF virtual address inside mapping m."""
-    for seg in segments:
-        page = max(seg.align, 4096)
-        lo = seg.offset - seg.offset % page
-        if lo <= m.offset < seg.offset + max(seg.filesz, 1):
-            return m.start - (m.offset - seg.offset + seg.vaddr)
-    return None

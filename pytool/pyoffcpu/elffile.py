@@ -1,0 +1,605 @@
+"""ELF files, each read once per session, found by what they are rather than
+where they are.
+
+Under ``-a`` hundreds of processes map the same files (libc, libpython,
+extension modules), often under different names (containers, venvs, hard
+links), and a name can come to mean another file (a package upgrade).  So
+parsed files are kept by *file identity*, never by path:
+
+* ``identify``: the ``FileIdentity`` of an open file (or of bytes such as
+  the vDSO), read from a few KiB of it.
+* ``ElfFile``: what pyoffcpu reads out of one ELF file: type, PT_LOAD
+  segments, build-id, ``.gnu_debuglink``, the section table and the defined
+  symbols of ``.symtab`` / ``.dynsym`` (decoded once, on first use).  The one
+  symbol reader behind the symbolizer's function tables, data symbol look-ups
+  (``_PyRuntime``) and ``_thread_db_*`` descriptors.
+* ``ElfCache``: identity -> ElfFile, plus what is derived from parsed files
+  (function tables) and the kernel's vDSO image, read once.
+* ``load_bias``: runtime address minus ELF virtual address in a mapping, the
+  one computation the unwinder and the symbolizer share.
+
+One process runs one session, so ``default_cache()`` is that session's cache;
+whoever needs another (a test counting parses) builds an ``ElfCache`` and
+hands it to ``Symbolizer`` / ``NativeUnwinder``.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import struct
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+__all__ = [
+    "ElfCache", "ElfFile", "FileIdentity", "LoadSegment", "RawSymbol",
+    "default_cache", "identify", "load_bias", "segment_for_offset",
+]
+
+# ELF symbol types / bindings / special section indices.
+STT_NOTYPE, STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC = 0, 1, 2, 6, 10
+STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
+SHN_UNDEF, SHN_LORESERVE, SHN_ABS = 0, 0xFF00, 0xFFF1
+PF_X = 1
+PAGE = 4096
+
+FUNC_TYPES = frozenset({STT_FUNC, STT_GNU_IFUNC})
+ADDRESS_TYPES = frozenset({STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC})
+
+IDENTITY_SPAN = 4096            # bytes of the head and of the tail in the identity
+
+# Raw ELF header fields, section and program header types.
+_SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
+_PT_LOAD, _PT_NOTE = 1, 4
+_NT_GNU_BUILD_ID = 3
+_PARSE_ERRORS = (OSError, ELFError, ValueError, struct.error, AssertionError,
+                 OverflowError, IndexError, KeyError)
+
+
+# ---------------------------------------------------------------------------
+# File identity
+# ---------------------------------------------------------------------------
+class FileIdentity(NamedTuple):
+    """What an ELF file is, whatever its path.
+
+    Why a hit on this key is the same file (the cache must never hand out
+    another file's symbols):
+
+    * ``build_id``: the GNU build-id, which the linker computes over the
+      linked output (a hash of its contents), so two different links have
+      different ids: the convention that debuginfod, perf and gdb also rely
+      on.  Tools that rewrite a linked file keep its id though (strip,
+      objcopy --only-keep-debug, eu-strip, dwz), and what they rewrite is
+      the very tables read here: so the size and ``digest`` are in the key
+      too.  Those rewrites drop, add or move whole sections, which changes
+      the section header table (and mostly the size), and ``digest`` covers
+      the section and program header tables wherever they are, and the first
+      and last 4 KiB: a stripped copy, its original and its debug file are
+      three entries.
+    * no build-id: nothing names the build, so ``digest`` also covers every
+      byte that ``ElfFile`` reads (the symbol and string tables, the notes,
+      the debuglink): two files that agree on all of it parse to the same
+      ElfFile, whatever else differs between them.  The size and head/tail
+      alone would not be exact: two builds of a small program at the same
+      path, renaming one function to a name of the same length, differ only
+      inside ``.strtab``.
+    * an in-memory image (the vDSO): ``digest`` covers all of its bytes.
+    """
+
+    build_id: Optional[str]     # hex; None: the file has none
+    size: int
+    digest: str                 # hex, see above
+
+    @property
+    def kind(self) -> str:
+        """"build-id" or "hash": what names the file."""
+        return "build-id" if self.build_id else "hash"
+
+
+class _Source:
+    """Random access to an open file or to bytes, keeping the head and tail
+    read for the identity so that headers inside them cost no more reads."""
+
+    def __init__(self, fd: Optional[int] = None, data: Optional[bytes] = None):
+        self.fd, self.data = fd, data
+        if data is not None:
+            self.size = len(data)
+        else:
+            self.size = os.fstat(fd).st_size
+        self.head = self._pread(0, min(IDENTITY_SPAN, self.size))
+        tail_at = max(0, self.size - IDENTITY_SPAN)
+        self.tail_at = tail_at
+        self.tail = self.head[tail_at:] if tail_at < len(self.head) else \
+            self._pread(tail_at, self.size - tail_at)
+
+    def _pread(self, off: int, n: int) -> bytes:
+        if self.data is not None:
+            return self.data[off:off + n]
+        return os.pread(self.fd, n, off)
+
+    def read(self, off: int, n: int) -> bytes:
+        if off < 0 or n <= 0 or off >= self.size:
+            return b""
+        n = min(n, self.size - off)
+        if off + n <= len(self.head):
+            return self.head[off:off + n]
+        if off >= self.tail_at:
+            return self.tail[off - self.tail_at:off - self.tail_at + n]
+        return self._pread(off, n)
+
+
+def _notes_build_id(raw: bytes, fmt: str) -> Optional[str]:
+    """The NT_GNU_BUILD_ID desc (hex) of notes named "GNU" in ``raw``,
+    padded to 4 bytes as pyelftools and the ABI lay them out."""
+    pos = 0
+    while pos + 12 <= len(raw):
+        namesz, descsz, ntype = struct.unpack_from(fmt + "III", raw, pos)
+        pos += 12
+        name = raw[pos:pos + namesz].split(b"\0", 1)[0]
+        pos += (namesz + 3) & ~3
+        desc = raw[pos:pos + descsz]
+        pos += (descsz + 3) & ~3
+        if ntype == _NT_GNU_BUILD_ID and name == b"GNU":
+            return desc.hex() if len(desc) == descsz else None
+    return None
+
+
+def _identify(src: _Source) -> Optional[FileIdentity]:
+    """The identity of the ELF file in ``src``; None when it is not ELF.
+
+    Headers that make no sense only leave their part out (no build-id, no
+    tables): whether the file is usable is for pyelftools to say."""
+    head = src.head
+    if len(head) < 16 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) \
+            or head[5] not in (1, 2):
+        return None
+    e = "<" if head[5] == 1 else ">"
+    is64 = head[4] == 2
+    h = hashlib.blake2b(digest_size=16)
+    h.update(struct.pack("<Q", src.size))
+    h.update(head)
+    h.update(src.tail)
+    if src.data is not None:
+        h.update(src.data)          # in memory: all of it costs nothing
+    build_id = None
+    shdrs: List[tuple] = []
+    try:
+        if is64:
+            (_t, _m, _v, _entry, phoff, shoff, _f, _eh, phentsize, phnum,
+             shentsize, shnum, shstrndx) = struct.unpack_from(e + "HHIQQQIHHHHHH", head, 16)
+            sh_fmt, ph_fmt = e + "IIQQQQIIQQ", e + "IIQQQQQQ"
+        else:
+            (_t, _m, _v, _entry, phoff, shoff, _f, _eh, phentsize, phnum,
+             shentsize, shnum, shstrndx) = struct.unpack_from(e + "HHIIIIIHHHHHH", head, 16)
+            sh_fmt, ph_fmt = e + "IIIIIIIIII", e + "IIIIIIII"
+    except struct.error:
+        return FileIdentity(None, src.size, h.hexdigest())
+    if shoff and shentsize >= struct.calcsize(sh_fmt):
+        first = src.read(shoff, shentsize)
+        if len(first) == shentsize:
+            # Extended numbering: the real counts are in section 0 (sh_size:
+            # sections, sh_link: the names' section, sh_info: segments).
+            zero = struct.unpack_from(sh_fmt, first)
+            shnum = shnum or zero[5]
+            shstrndx = zero[6] if shstrndx == 0xFFFF else shstrndx
+            phnum = zero[7] if phnum == 0xFFFF else phnum
+        table = src.read(shoff, shentsize * min(shnum, 1 << 16))
+        h.update(table)
+        for i in range(len(table) // shentsize):
+            # name, type, flags, addr, offset, size, link, info, align, entsize
+            f = struct.unpack_from(sh_fmt, table, i * shentsize)
+            shdrs.append((f[0], f[1], f[4], f[5], f[6]))
+    phdrs = []
+    if phoff and phentsize >= struct.calcsize(ph_fmt):
+        table = src.read(phoff, phentsize * phnum)
+        h.update(table)
+        for i in range(len(table) // phentsize):
+            f = struct.unpack_from(ph_fmt, table, i * phentsize)
+            if is64:        # type, flags, offset, vaddr, paddr, filesz, memsz, align
+                phdrs.append((f[0], f[2], f[5]))
+            else:           # type, offset, vaddr, paddr, filesz, memsz, flags, align
+                phdrs.append((f[0], f[1], f[4]))
+    # The build-id as pyoffcpu has always read it: from the first note
+    # section that has one, else from the first PT_NOTE segment that has one.
+    for _name, stype, off, size, _link in shdrs:
+        if stype == _SHT_NOTE:
+            build_id = _notes_build_id(src.read(off, size), e)
+            if build_id:
+                break
+    if not build_id:
+        for ptype, off, size in phdrs:
+            if ptype == _PT_NOTE:
+                build_id = _notes_build_id(src.read(off, size), e)
+                if build_id:
+                    break
+    if not build_id:
+        # Nothing names the build: the digest covers every section ElfFile
+        # reads (FileIdentity says why): the symbol tables and the string
+        # tables they link to, the notes, .shstrtab (the section names) and
+        # .gnu_debuglink.
+        wanted = {i for i, sh in enumerate(shdrs) if sh[1] in (_SHT_SYMTAB, _SHT_DYNSYM, _SHT_NOTE)}
+        wanted |= {shdrs[i][4] for i in list(wanted) if shdrs[i][1] != _SHT_NOTE}
+        if 0 < shstrndx < len(shdrs):
+            wanted.add(shstrndx)
+            names = src.read(shdrs[shstrndx][2], shdrs[shstrndx][3])
+            wanted |= {i for i, sh in enumerate(shdrs)
+                       if names[sh[0]:sh[0] + 15] == b".gnu_debuglink\0"}
+        for i in sorted(w for w in wanted if 0 <= w < len(shdrs)):
+            _name, stype, off, size, _link = shdrs[i]
+            h.update(struct.pack("<IQQ", i, off, size))
+            if stype != _SHT_NOBITS:
+                h.update(src.read(off, size))
+    return FileIdentity(build_id, src.size, h.hexdigest())
+
+
+def identify(f) -> Optional[FileIdentity]:
+    """The FileIdentity of an open binary file (or file descriptor) or of
+    bytes; None when it is not an ELF file or cannot be read."""
+    try:
+        if isinstance(f, (bytes, bytearray, memoryview)):
+            return _identify(_Source(data=bytes(f)))
+        fd = f if isinstance(f, int) else f.fileno()
+        return _identify(_Source(fd=fd))
+    except (OSError, ValueError, OverflowError):
+        return None
+
+
+# ---------------------------------------------------------------------------
+# Parsed files
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadSegment:
+    """A PT_LOAD program header."""
+
+    offset: int
+    vaddr: int
+    filesz: int
+    memsz: int
+    align: int
+    flags: int = 0              # p_flags (PF_X 1, PF_W 2, PF_R 4)
+
+
+class RawSymbol(NamedTuple):
+    """A defined symbol of .symtab / .dynsym."""
+
+    name: str
+    value: int
+    size: int
+    type: int
+    bind: int
+    shndx: int
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    type: str                   # pyelftools' name: "SHT_PROGBITS", ...
+    addr: int
+    size: int
+    offset: int = 0
+    link: int = 0
+    flags: int = 0
+
+
+_SHF_COMPRESSED = 0x800
+
+
+def _decode_symbols(data: bytes, strtab: bytes, little: bool, elfclass: int
+                    ) -> List[RawSymbol]:
+    """The defined, named symbols of a SYMTAB/DYNSYM section, straight from
+    its bytes (pyelftools' per-symbol objects are too slow for libc's
+    thousands).  Value 0 is left out but for TLS (an offset in the block)."""
+    fmt = ("<" if little else ">") + ("IBBHQQ" if elfclass == 64 else "IIIBBH")
+    out = []
+    entsize = struct.calcsize(fmt)
+    usable = len(data) - len(data) % entsize
+    for fields in struct.iter_unpack(fmt, data[:usable]):
+        if elfclass == 64:
+            name_off, info, _other, shndx, value, size = fields
+        else:
+            name_off, value, size, info, _other, shndx = fields
+        stype = info & 0xF
+        if shndx == SHN_UNDEF or not name_off or (value == 0 and stype != STT_TLS):
+            continue
+        end = strtab.find(b"\0", name_off)
+        name = strtab[name_off:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
+        out.append(RawSymbol(name, value, size, stype, info >> 4, shndx))
+    return out
+
+
+class ElfFile:
+    """One parsed ELF file (see the module's docstring).  Made by ElfCache,
+    which keeps one per FileIdentity."""
+
+    def __init__(self, identity: FileIdentity, stream):
+        """Reads headers and the section table from ``stream`` (the file
+        ``identity`` was taken from); symbols come with ``load_symbols``."""
+        self.identity = identity
+        self.build_id: Optional[str] = identity.build_id
+        elf = ELFFile(stream)
+        self.e_type: str = elf["e_type"]
+        self.little_endian: bool = elf.little_endian
+        self.elfclass: int = elf.elfclass
+        self.segments: List[LoadSegment] = [
+            LoadSegment(seg["p_offset"], seg["p_vaddr"], seg["p_filesz"],
+                        seg["p_memsz"], seg["p_align"], seg["p_flags"])
+            for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"
+        ]
+        self.sections: List[Section] = []
+        self.debuglink: Optional[str] = None
+        self.has_symtab = False
+        for sec in elf.iter_sections():
+            stype = sec["sh_type"]
+            self.sections.append(Section(sec.name, stype, sec["sh_addr"], sec["sh_size"],
+                                         sec["sh_offset"], sec["sh_link"], sec["sh_flags"]))
+            if stype == "SHT_SYMTAB":
+                self.has_symtab = True
+            elif sec.name == ".gnu_debuglink" and stype != "SHT_NOBITS":
+                raw = sec.data()
+                self.debuglink = raw[: raw.find(b"\0")].decode("utf-8", "replace") or None
+        # (start, end) of each section by index, for unsized symbols.
+        self.section_ranges: List[Tuple[int, int]] = [
+            (s.addr, s.addr + s.size) for s in self.sections]
+        # {section index: its symbols} of the SYMTAB / DYNSYM sections
+        self._symtabs: Optional[Dict[int, List[RawSymbol]]] = None
+        self._by_address_name: Optional[Dict[str, int]] = None
+        self._by_defined_name: Optional[Dict[str, int]] = None
+        self.symbols_failed = False     # the symbol tables could not be read
+
+    def __repr__(self) -> str:
+        return f"<ElfFile {self.identity.kind} {self.build_id or self.identity.digest}>"
+
+    # -- symbols ----------------------------------------------------------------
+    @property
+    def symbols_loaded(self) -> bool:
+        return self._symtabs is not None
+
+    def load_symbols(self, stream) -> None:
+        """Decode .symtab / .dynsym from ``stream``, the file this was parsed
+        from, still open (ElfCache.get sees to it), where the section table
+        read with the headers says they are."""
+        if self._symtabs is not None:
+            return
+        tabs: Dict[int, List[RawSymbol]] = {}
+        for idx, sec in enumerate(self.sections):
+            if sec.type in ("SHT_SYMTAB", "SHT_DYNSYM"):
+                strtab = self._section_data(stream, sec.link)
+                tabs[idx] = _decode_symbols(self._section_data(stream, idx), strtab,
+                                            self.little_endian, self.elfclass)
+        self._symtabs = tabs
+
+    def _section_data(self, stream, idx: int) -> bytes:
+        """A section's bytes as pyelftools' Section.data() gives them (but
+        none for SHT_NOBITS, where it makes up zeros)."""
+        sec = self.sections[idx]
+        if sec.type == "SHT_NOBITS":
+            return b""
+        if sec.flags & _SHF_COMPRESSED:     # rare: let pyelftools inflate it
+            return ELFFile(stream).get_section(idx).data()
+        stream.seek(sec.offset)
+        return stream.read(sec.size)
+
+    def _tables(self) -> Dict[int, List[RawSymbol]]:
+        if self._symtabs is None:
+            raise RuntimeError("symbols not loaded (ElfCache.get(..., symbols=True))")
+        return self._symtabs
+
+    def symbols(self, types: Optional[frozenset] = None) -> List[RawSymbol]:
+        """Defined symbols of every symbol table in section order, of the
+        given types (None: all)."""
+        tabs = self._tables()
+        return [s for idx in sorted(tabs) for s in tabs[idx]
+                if types is None or s.type in types]
+
+    def function_symbols(self) -> List[RawSymbol]:
+        return self.symbols(FUNC_TYPES)
+
+    def address_of(self, name: str) -> Optional[int]:
+        """st_value of the first function / object / TLS symbol ``name`` in
+        section order (for TLS: its offset in the module's TLS block)."""
+        if self._by_address_name is None:
+            d: Dict[str, int] = {}
+            for s in self.symbols(ADDRESS_TYPES):
+                d.setdefault(s.name, s.value)
+            self._by_address_name = d
+        return self._by_address_name.get(name)
+
+    def defined(self, names: Iterable[str]) -> Dict[str, int]:
+        """st_value of the defined symbols among ``names`` (any type, value
+        not 0) in the section called .dynsym, then, for the ones not
+        exported, in the one called .symtab."""
+        if self._by_defined_name is None:
+            tabs = self._tables()
+            d: Dict[str, int] = {}
+            for secname in (".dynsym", ".symtab"):
+                idx = next((i for i, sec in enumerate(self.sections) if sec.name == secname), None)
+                for s in tabs.get(idx, ()):
+                    if s.value:
+                        d.setdefault(s.name, s.value)
+            self._by_defined_name = d
+        return {n: self._by_defined_name[n] for n in names if n in self._by_defined_name}
+
+
+# ---------------------------------------------------------------------------
+# Load bias
+# ---------------------------------------------------------------------------
+def segment_for_offset(file_offset: int, segments: Iterable[LoadSegment],
+                       executable: Optional[bool] = None) -> Optional[LoadSegment]:
+    """The PT_LOAD segment a mapping starting at ``file_offset`` maps.
+
+    The mapping starts at the page holding a segment's first byte, which may
+    also hold the end of the segment before (when the linker packs segments
+    without padding them to pages: lld, or GNU ld without -z separate-code).
+    Then the segment whose PF_X agrees with the mapping's ``executable``
+    (its 'x' permission) is the one; else the first that contains it."""
+    first = None
+    for seg in segments:
+        page = max(seg.align, PAGE)
+        lo = seg.offset - seg.offset % page
+        if lo <= file_offset < seg.offset + max(seg.filesz, 1):
+            if executable is None or bool(seg.flags & PF_X) == executable:
+                return seg
+            if first is None:
+                first = seg
+    return first
+
+
+def load_bias(mapping, segments: Iterable[LoadSegment]) -> Optional[int]:
+    """runtime address - ELF virtual address inside ``mapping`` (a
+    symbols.Mapping: start, offset, perms), None when no segment holds it."""
+    seg = segment_for_offset(mapping.offset, segments, "x" in mapping.perms)
+    if seg is None:
+        return None
+    return mapping.start - (mapping.offset - seg.offset + seg.vaddr)
+
+
+# ---------------------------------------------------------------------------
+# The cache
+# ---------------------------------------------------------------------------
+SymbolsWanted = Union[bool, Callable[[ElfFile], bool]]
+
+
+class ElfCache:
+    """Parsed ELF files by FileIdentity: each parsed once however many
+    paths and processes lead to it.  Not thread-safe (one per session, used
+    from its thread)."""
+
+    def __init__(self):
+        self._files: Dict[FileIdentity, Optional[ElfFile]] = {}
+        self._derived: Dict[tuple, object] = {}
+        self._vdso: Optional[Tuple[bytes, ElfFile]] = None
+        self._vdso_read = False
+        self.parses = 0                 # ElfFile made (headers read)
+        self.symbol_loads = 0           # symbol tables decoded
+        self.vdso_reads = 0
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def identity(self, path: str) -> Optional[FileIdentity]:
+        """The identity of the file at ``path`` now; None: not ELF, unreadable."""
+        try:
+            with open(path, "rb") as f:
+                return identify(f)
+        except OSError:
+            return None
+
+    def get(self, path: str, symbols: SymbolsWanted = False) -> Optional[ElfFile]:
+        """The ElfFile of the file at ``path`` (None: unreadable, not ELF).
+
+        ``symbols``: have its symbol tables decoded too (a callable: when it
+        says so of the ElfFile).  The identity and everything read come from
+        one open file, so a path that is being replaced gives the old file
+        or the new one, never a mix."""
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return None
+        with f:
+            ident = identify(f)
+            if ident is None:
+                return None
+            return self._get(ident, f, symbols)
+
+    def from_bytes(self, data: bytes, symbols: bool = True) -> Optional[ElfFile]:
+        """The ElfFile of an in-memory image (the vDSO)."""
+        ident = identify(data)
+        if ident is None:
+            return None
+        return self._get(ident, io.BytesIO(data), symbols)
+
+    def _get(self, ident: FileIdentity, stream, symbols: SymbolsWanted) -> Optional[ElfFile]:
+        if ident in self._files:
+            elf = self._files[ident]
+        else:
+            try:
+                elf = ElfFile(ident, stream)
+            except _PARSE_ERRORS:
+                elf = None
+            self.parses += 1
+            self._files[ident] = elf
+        if elf is None:
+            return None
+        if not elf.symbols_loaded and (symbols(elf) if callable(symbols) else symbols):
+            try:
+                elf.load_symbols(stream)
+            except _PARSE_ERRORS:
+                elf._symtabs = {}
+                elf.symbols_failed = True
+            self.symbol_loads += 1
+        if elf.symbols_failed and (symbols(elf) if callable(symbols) else symbols):
+            return None                 # unreadable symbol tables: unusable for names
+        return elf
+
+    def derived(self, kind: str, sources: Tuple[FileIdentity, ...],
+                build: Callable[[], object]) -> object:
+        """What ``build`` makes of the files ``sources`` name, made once per
+        (kind, sources): e.g. one function table per file and debug file."""
+        key = (kind,) + tuple(sources)
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
+
+    def vdso(self) -> Optional[Tuple[bytes, ElfFile]]:
+        """(image, ElfFile) of the vDSO, read once from our own memory: the
+        kernel maps the same image into every process."""
+        if not self._vdso_read:
+            self._vdso_read = True
+            self.vdso_reads += 1
+            self._vdso = None
+            try:
+                with open("/proc/self/maps") as f:
+                    lines = [ln for ln in f if ln.rstrip().endswith("[vdso]")]
+                if lines:
+                    lo, _, hi = lines[0].split()[0].partition("-")
+                    start, end = int(lo, 16), int(hi, 16)
+                    with open("/proc/self/mem", "rb") as f:
+                        f.seek(start)
+                        data = f.read(end - start)
+                    elf = self.from_bytes(data, symbols=True)
+                    if elf is not None:
+                        self._vdso = (data, elf)
+            except (OSError, OverflowError, ValueError):
+                self._vdso = None
+        return self._vdso
+
+    # -- conveniences --------------------------------------------------------
+    def defined_symbols(self, path: str, names: Iterable[str]) -> Dict[str, int]:
+        """``ElfFile.defined`` of the file at ``path``; {} when unreadable."""
+        elf = self.get(path, symbols=True)
+        return elf.defined(names) if elf is not None else {}
+
+    def section_data(self, path: str, name: str) -> bytes:
+        """The bytes of the first section called ``name`` (b"": none, no
+        bytes in the file, unreadable), read from the file whose ElfFile
+        says where it is."""
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return b""
+        with f:
+            ident = identify(f)
+            elf = self._get(ident, f, False) if ident is not None else None
+            if elf is None:
+                return b""
+            idx = next((i for i, s in enumerate(elf.sections) if s.name == name), None)
+            if idx is None:
+                return b""
+            try:
+                return elf._section_data(f, idx)
+            except _PARSE_ERRORS:
+                return b""
+
+
+_DEFAULT: Optional[ElfCache] = None
+
+
+def default_cache() -> ElfCache:
+    """This process's (its session's) ElfCache."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = ElfCache()
+    return _DEFAULT

@@ -1,0 +1,105 @@
+"""--subprocesses: the processes a target starts are profiled too, each under
+its own root, with Python frames from their first instruction (BPF copies
+the parent's registration at the fork)."""
+import os
+import signal
+import subprocess
+
+import pytest
+
+from conftest import (WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip, record_folded,
+                      source_line, wait_for_recording)
+from pyoffcpu.profile import FrameKind, from_folded
+
+WORK_LINES = set(range(source_line("pool.py", "def work(seconds)"), source_line("pool.py", "# WORK") + 1))
+WAIT = source_line("pool.py", "# WAIT")
+
+
+def kill_children(pid):
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if name.isdigit() and int(f.read().rsplit(")", 1)[-1].split()[1]) == pid:
+                    os.kill(int(name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            pass
+
+
+def py_names(key):
+    return [(f.name, f.line) for f in key.frames if f.kind is FrameKind.PYTHON]
+
+
+def check_pool(prof, res, parent, min_work_s):
+    workers = sorted(p for p in prof.processes if p != parent)
+    assert len(workers) == 4, (prof.processes, res.stderr)
+    for pid in workers:
+        on = in_work = 0
+        for k, ns in prof.weights.items():
+            if k.pid != pid or k.off_cpu is not None:
+                continue
+            on += ns
+            names = py_names(k)
+            if names and names[-1][0] == "work":
+                assert names[-1][1] in WORK_LINES, names
+                in_work += ns
+        # each spins 1 s of its CPU time, with pickling and the pool's code around it
+        assert min_work_s * 1e9 <= in_work <= 1.1e9, (pid, in_work, on, res.stderr)
+    # the parent's main thread waits for them in pool.map, off the CPU
+    waited = sum(ns for k, ns in prof.weights.items()
+                 if k.tid == parent and k.off_cpu is not None and ("main", WAIT) in py_names(k))
+    assert waited >= 1.5e9, (waited, res.stderr)
+
+
+@pytest.mark.parametrize("label", ["debian-3.11", "pyenv-3.12"])
+def test_pool_of_a_launched_command(tmp_path, bpf, label):
+    # The pool is forked while its parent's interpreter may still be being
+    # looked for: workers take it once it is found, with their blocked time
+    # (_fix_blocked); their on-CPU samples before that have no Python frames.
+    python = python_or_skip(label)
+    res, prof = record_folded(tmp_path, "--subprocesses", "--", python,
+                              os.path.join(WORKLOADS, "pool.py"), "1")
+    check_pool(prof, res, min(prof.processes), min_work_s=0.8)
+
+
+@pytest.mark.parametrize("label", ["debian-3.11", "pyenv-3.12", "pyenv-3.8"])
+def test_pool_of_a_registered_process_has_frames_from_each_fork(tmp_path, bpf, label):
+    # -p: the parent is registered before it forks, so each worker has the
+    # parent's registration in BPF from its first instruction
+    python = python_or_skip(label)
+    w = Workload(python, "pool.py", 1, 60)
+    out = tmp_path / "out.folded"
+    try:
+        rec = subprocess.Popen(pyoffcpu_cmd("--subprocesses", "-p", str(w.pid), "-d", "30", "-o", str(out)),
+                               env=env(), stderr=subprocess.PIPE, text=True)
+        wait_for_recording(rec)
+        os.kill(w.pid, signal.SIGUSR1)          # the pool starts now
+        stderr = rec.communicate(timeout=120)[1]
+        assert rec.returncode == 0, stderr
+    finally:
+        w.stop()
+    res = subprocess.CompletedProcess(rec.args, 0, "", stderr)
+    check_pool(from_folded(out.read_text()), res, w.pid, min_work_s=0.97)
+
+
+def test_without_the_flag_children_are_not_profiled(tmp_path, bpf):
+    python = python_or_skip("debian-3.11")
+    res, prof = record_folded(tmp_path, "--", python, os.path.join(WORKLOADS, "pool.py"), "0.3")
+    assert len(prof.processes) == 1, prof.processes
+
+
+def test_children_running_before_the_start_are_taken_too(tmp_path, bpf):
+    # a pool already running when pyoffcpu attaches with -p: its workers are
+    # found at the start (children of the target, by /proc), each under its root
+    python = python_or_skip("debian-3.11")
+    w = Workload(python, "pool.py", 4, 0.01)
+    try:
+        res, prof = record_folded(tmp_path, "--subprocesses", "-p", str(w.pid), "-d", "1.5")
+    finally:
+        kill_children(w.pid)
+        w.stop()
+    workers = [p for p in prof.processes if p != w.pid]
+    assert len(workers) == 4, (prof.processes, res.stderr)
+    for pid in workers:
+        names = {f.name for k in prof.weights if k.pid == pid for f in k.frames
+                 if f.kind is FrameKind.PYTHON}
+        assert "work" in names, (pid, names)
