@@ -684,6 +684,20 @@ static __always_inline void new_image(u32 tgid)
  * seen.  Active from registration on, so that no thread started between the
  * listing of a target's threads and the start is missed.  A child process
  * (another tgid) is not a target. */
+/* A thread started (in the forking thread's context: its name is the
+ * parent's until it sets its own).  A reused tid replaces the entry of the
+ * thread that had it. */
+static __always_inline void born_thread(struct control_t *ctl, u32 tid, u32 tgid)
+{
+    struct thread_t fresh = {};
+    fresh.tgid = tgid;
+    fresh.flags = ctl->start_ns ? TH_BORN : 0;
+    bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
+    if (threads.update(&tid, &fresh) != 0)
+        count_drop(DROP_THREADS_FULL);
+    switch_memo.delete(&tid);
+}
+
 /* --subprocesses: a target forked a process.  The child is a copy of its
  * image (same interpreter, same offsets, same mappings), so it gets the
  * parent's registration and unwind tables before its first instruction, and
@@ -700,13 +714,7 @@ static __always_inline void follow_child(struct control_t *ctl, u32 tgid, u32 ct
     struct proc_unwind *pu = unwind_procs.lookup(&tgid);
     if (pu)
         unwind_procs.update(&ctgid, pu);
-    struct thread_t fresh = {};
-    fresh.tgid = ctgid;
-    fresh.flags = ctl->start_ns ? TH_BORN : 0;
-    bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
-    if (threads.update(&ctgid, &fresh) != 0)
-        count_drop(DROP_THREADS_FULL);
-    switch_memo.delete(&ctgid);
+    born_thread(ctl, ctgid, ctgid);
     u64 *pexecs = execs.lookup(&tgid);
     u64 parent = tgid | ((pexecs ? *pexecs : 0) << 32);
     forks.update(&ctgid, &parent);
@@ -744,14 +752,7 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
         return 0;
     if (ctgid != tgid || ctid == 0)
         return 0;
-    struct thread_t fresh = {};
-    fresh.tgid = tgid;
-    fresh.flags = ctl->start_ns ? TH_BORN : 0;
-    bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
-    /* a reused tid replaces the entry of the thread that had it */
-    if (threads.update(&ctid, &fresh) != 0)
-        count_drop(DROP_THREADS_FULL);
-    switch_memo.delete(&ctid);
+    born_thread(ctl, ctid, tgid);
     return 0;
 }
 

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from conftest import pyenv_python
 from pyoffcpu import elffile, elfsyms, symbols
 from pyoffcpu.elffile import ElfCache, LoadSegment, identify, load_bias
 from pyoffcpu.symbols import Mapping, Symbolizer
@@ -21,15 +22,9 @@ PYTHON311 = "/usr/bin/python3.11"
 
 
 def _pyenv_libpython():
-    if not shutil.which("pyenv"):
-        return None
-    try:
-        prefix = subprocess.run(["pyenv", "prefix", "3.12.1"], check=True,
-                                capture_output=True, text=True).stdout.strip()
-    except subprocess.CalledProcessError:
-        return None
-    lib = os.path.join(prefix, "lib", "libpython3.12.so.1.0")
-    return lib if os.path.exists(lib) else None
+    exe = pyenv_python("3.12")
+    lib = exe and os.path.join(os.path.dirname(os.path.dirname(exe)), "lib", "libpython3.12.so.1.0")
+    return lib if lib and os.path.exists(lib) else None
 
 
 REAL_FILES = [p for p in (LIBC, PYTHON311, _pyenv_libpython()) if p and os.path.exists(p)]

@@ -576,22 +576,35 @@ class ElfCache:
         """The bytes of the first section called ``name`` (b"": none, no
         bytes in the file, unreadable), read from the file whose ElfFile
         says where it is."""
+        return self.from_section(path, name, None, lambda data: data)
+
+    def from_section(self, path: str, name: str, kind: Optional[str],
+                     make: Callable[[bytes], object]) -> object:
+        """make(the bytes of section ``name`` of the file at ``path``); with a
+        kind, made once per file identity (the identity and the bytes come
+        from one open file, so the result is the file's it is kept for)."""
         try:
             f = open(path, "rb")
         except OSError:
-            return b""
+            return make(b"")
         with f:
             ident = identify(f)
+            key = (kind, name, ident)
+            if kind is not None and ident is not None and key in self._derived:
+                return self._derived[key]
             elf = self._get(ident, f, False) if ident is not None else None
-            if elf is None:
-                return b""
-            idx = next((i for i, s in enumerate(elf.sections) if s.name == name), None)
-            if idx is None:
-                return b""
-            try:
-                return elf._section_data(f, idx)
-            except _PARSE_ERRORS:
-                return b""
+            data = b""
+            idx = None if elf is None else next(
+                (i for i, s in enumerate(elf.sections) if s.name == name), None)
+            if idx is not None:
+                try:
+                    data = elf._section_data(f, idx)
+                except _PARSE_ERRORS:
+                    data = b""
+            got = make(data)
+            if kind is not None and ident is not None:
+                self._derived[key] = got
+            return got
 
 
 _DEFAULT: Optional[ElfCache] = None

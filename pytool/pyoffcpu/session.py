@@ -178,6 +178,7 @@ class Session:
         self._t0 = 0.0
         self._entries: Dict[int, Optional[str]] = {}   # Python stack hash -> its entry (_stack_entry)
         self._fixes: Dict[int, Tuple[int, int]] = {}   # tid -> (ts, Python stack hash) (_fix_blocked)
+        self._sampled: Optional[set] = None            # -a: the processes the last drain had
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -324,6 +325,8 @@ class Session:
         # perf buffer now.
         self.bpf.perf_buffer_poll(timeout=0)
         pystacks, stacks, native_ids = self.rec.pystacks, self.rec.stacks, self._native_ids
+        if self.opts.system_wide:
+            self._sampled = {it[0] for it in items}
         for tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns in items:
             uid = native_ids.get(nstack, -2) if nstack else ustack
             if uid == -2:
@@ -823,7 +826,7 @@ class Session:
                     self.request_stop("duration")
                 if not self._check_child():
                     self.request_stop("target exited")
-                targets.poll(now)
+                targets.poll(now, self._sampled if o.system_wide else None)
                 if not o.system_wide and targets.all_exited():
                     self.request_stop("target exited")
                 if now - last_drain >= 1.0:

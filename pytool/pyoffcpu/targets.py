@@ -42,9 +42,11 @@ MISSED_S = 0.2                  # BPF met an unknown pc: maps read again at most
 def start_ticks(pid: int) -> int:
     """When a process started (clock ticks after boot, /proc/PID/stat field
     22): a PID and this name one process, however often the PID is reused.
-    0 when it is gone."""
+    0 when it is gone (or a zombie: it has ended)."""
     fields = (read_text(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()
-    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
+    if len(fields) <= 19 or fields[0] in ("Z", "X") or not fields[19].isdigit():
+        return 0
+    return int(fields[19])
 
 
 def uid_of(pid: int) -> Optional[int]:
@@ -97,6 +99,7 @@ class Target:
         self.epoch = 0
         self.start_ticks = start_ticks(pid)     # with the PID, names the process (reuse)
         self.retired = False            # its BPF registration is gone (Targets.retire)
+        self.maps_text: Optional[str] = None    # /proc/PID/maps at the last snapshot
         self.waits_for: Optional["Target"] = None     # --subprocesses: the parent it copies
         self.children_waiting: List["Target"] = []    # ... children forked before it was found
 
@@ -316,13 +319,13 @@ class Targets:
         self._exec_total_seen = leaf.value
         if self.follow:
             self._check_forks()
-        for k, v in self.bpf["execs"].items():
-            pid, n = k.value, v.value
+        for pid, n in self._pairs("execs").items():
             if self._execs.get(pid, 0) == n:
                 continue
             self._execs[pid] = n
             tgt = self.by_pid.get(pid)
-            if tgt is not None and not tgt.exited and start_ticks(pid) == tgt.start_ticks:
+            if tgt is not None and not tgt.exited and tgt.start_ticks and \
+                    start_ticks(pid) == tgt.start_ticks:
                 # the same process, a new program
                 tgt.epoch = self.new_epoch()
                 tgt.forget_image()
@@ -339,8 +342,8 @@ class Targets:
 
     def _check_forks(self):
         """--subprocesses: the children BPF registered at their fork."""
-        for k, v in self.bpf["forks"].items():
-            child, parent, parent_execs = k.value, v.value & 0xffffffff, v.value >> 32
+        for child, v in self._pairs("forks").items():
+            parent, parent_execs = v & 0xffffffff, v >> 32
             if child in self._forks_seen:
                 continue
             self._forks_seen.add(child)
@@ -399,9 +402,11 @@ class Targets:
         if tgt.reader is not None and self.on_python is not None:
             self.on_python(tgt)
 
-    def poll(self, now: float):
+    def poll(self, now: float, sampled: Optional[set] = None):
         """The main loop's turn: execs, interpreters still to find, mappings
-        BPF could not place; every SNAPSHOT_S the maps and liveness of all."""
+        BPF could not place; every SNAPSHOT_S the maps and liveness of all
+        (under -a the maps of those in `sampled` only, the processes the last
+        drain had samples of: the others have no addresses to name)."""
         self.check_execs()
         for tgt in self:
             if not tgt.settled and now >= tgt.next_try:
@@ -420,8 +425,10 @@ class Targets:
             for tgt in self:
                 if tgt.exited:
                     continue
-                if process_alive(tgt.pid) and start_ticks(tgt.pid) == tgt.start_ticks:
-                    self.snapshot(tgt)
+                now_ticks = start_ticks(tgt.pid)
+                if now_ticks and now_ticks == tgt.start_ticks:     # alive, and the same process
+                    if self.select is None or sampled is None or tgt.pid in sampled:
+                        self.snapshot(tgt)
                 else:
                     self.retire(tgt)
         if self.select is not None and not self.select.filtered:
@@ -478,32 +485,51 @@ class Targets:
         if tgt.python is None or tgt.reader is None:
             self.register(tgt)          # native stacks
         elif self.unwinder is not None:
-            self.snapshot(tgt)          # now with its unwind tables
+            self.snapshot(tgt, force=True)      # now with its unwind tables
         return tgt
 
     def _discover_sampled(self):
         """-a without filters: BPF counts the samples of processes it has no
         entry for; each is taken (and registered, which ends its count)."""
-        for k, _ in self.bpf["unregistered"].items():
-            if k.value not in self.by_pid:
-                self.discover(k.value)
+        for pid in self._unregistered():
+            if pid not in self.by_pid:
+                self.discover(pid)
+
+    def _pairs(self, name: str) -> Dict[int, int]:
+        """A map of integers, read in a few batched syscalls (not two an entry)."""
+        table = self.bpf[name]
+        try:
+            pairs = list(table.items_lookup_batch())
+        except Exception:                               # noqa: BLE001 (no batch ops)
+            pairs = table.items()
+        return {k.value: v.value for k, v in pairs}
+
+    def _unregistered(self) -> Dict[int, int]:
+        return self._pairs("unregistered")
 
     def unregistered_samples(self) -> Dict[int, int]:
         """-a: per process, the samples taken before it was registered (native
         frames only: BPF did not know its interpreter yet)."""
         try:
-            return {k.value: v.value for k, v in self.bpf["unregistered"].items()}
+            return self._unregistered()
         except KeyError:
             return {}
 
-    def snapshot(self, tgt: Target, reload: bool = False):
-        """Its mappings now (for symbols and unwind tables), name and command."""
+    def snapshot(self, tgt: Target, reload: bool = False, force: bool = False):
+        """Its mappings now (for symbols and unwind tables), name and command.
+        The same text of /proc/PID/maps as last time: nothing changed, and
+        nothing is parsed (-a polls every process of the machine)."""
         pid = tgt.pid
         rec = self.rec
         try:
-            maps = symbols.read_maps(pid)
+            with open(f"/proc/{pid}/maps") as f:
+                text = f.read()
         except OSError:
             return
+        if text == tgt.maps_text and not (reload or force):
+            return
+        tgt.maps_text = text
+        maps = symbols.parse_maps(text)
         space = rec.spaces.get(pid)
         if space is None:
             space = rec.spaces[pid] = symbols.AddressSpace(pid)

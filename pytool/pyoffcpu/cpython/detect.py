@@ -122,13 +122,15 @@ _VERSION_RE = re.compile(rb"(?<![0-9.])([23])\.(\d{1,2})\.(\d{1,2})(?:(?:a|b|rc)
 
 
 def _rodata_versions(path: str) -> Dict[Tuple[int, int, int], int]:
-    """How often each X.Y.Z string ends a NUL-terminated string in .rodata."""
-    data = default_cache().section_data(path, ".rodata")
-    counts: Dict[Tuple[int, int, int], int] = {}
-    for m in _VERSION_RE.finditer(data):
-        v = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
-        counts[v] = counts.get(v, 0) + 1
-    return counts
+    """How often each X.Y.Z string ends a NUL-terminated string in .rodata
+    (counted once per file identity: -a meets many processes of one binary)."""
+    def count(data: bytes) -> Dict[Tuple[int, int, int], int]:
+        counts: Dict[Tuple[int, int, int], int] = {}
+        for m in _VERSION_RE.finditer(data):
+            v = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            counts[v] = counts.get(v, 0) + 1
+        return counts
+    return dict(default_cache().from_section(path, ".rodata", "rodata-versions", count))
 
 
 def _patch_from_rodata(path: str, minor: Tuple[int, int]) -> int:
