@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from conftest import (WORKLOADS, chroot_cmd, chroot_workloads, env, pyoffcpu_cmd, python_or_skip,
-                      source_line, wait_for_recording)
+from conftest import (WORKLOADS, chroot_cmd, chroot_ns_cmd, chroot_workloads, env, pyoffcpu_cmd,
+                      python_or_skip, source_line, wait_for_recording)
 from pyoffcpu.profile import FrameKind, from_folded
 
 SPIN_S = 5.0
@@ -189,3 +189,36 @@ def test_a_reused_pid_is_never_walked_with_the_old_registration(tmp_path, bpf):
     assert "after_exec" in names, (names, stderr)      # A itself was profiled
     assert "reused_program_frame" not in names, names
     assert not any(n.startswith("[unknown code") for n in names), names
+
+
+def test_a_container_is_found_with_its_frames_and_its_own_ids(tmp_path, bpf):
+    # Debian testing's 3.14 as PID 1 of its own PID namespace, in its own
+    # root (a container as the host sees one): -a finds it by its host PID,
+    # reads its files through its root, and names its ids in both namespaces
+    python_or_skip("debian-3.14")
+    script = os.path.join(chroot_workloads(), "execs.py")
+    box = subprocess.Popen(chroot_ns_cmd("debian-3.14", script, "after", SPIN_S))
+    out = tmp_path / "box.folded"
+    try:
+        deadline = time.monotonic() + 30
+        inner = None
+        while inner is None and time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{box.pid}/task/{box.pid}/children") as f:
+                    kids = f.read().split()
+                inner = int(kids[0]) if kids else None
+            except OSError:
+                pass
+            time.sleep(0.05)
+        assert inner, "the container's interpreter did not start"
+        time.sleep(0.3)
+        res = subprocess.run(pyoffcpu_cmd("-a", "-d", "2", "-o", str(out)), env=env(),
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+    finally:
+        box.kill()
+        box.wait()
+    prof = from_folded(out.read_text())
+    total, with_py, wrong = python_share(prof, inner)
+    assert total > 0.3e9 and not wrong and with_py >= 0.95 * total, (total, with_py, wrong)
+    assert prof.ns_ids.get(inner) == 1, prof.ns_ids.get(inner)
