@@ -255,7 +255,9 @@ EXEC_LINES = {
     "spin": {source_line("execs.py", "# SPIN"), source_line("execs.py", "while time.thread_time() < end")},
     "before_exec": {source_line("execs.py", "    spin(seconds)")},
     "after_exec": {source_line("execs.py", "    spin(seconds)") + 4},
-    "<module>": {source_line("execs.py", "after_exec(float("), source_line("execs.py", "before_exec(float(")},
+    # ... and the exec itself (a sample can land in execve, before the new image)
+    "<module>": {source_line("execs.py", "after_exec(float("), source_line("execs.py", "before_exec(float("),
+                 source_line("execs.py", "sys.stdout.flush()"), source_line("execs.py", "os.execv(")},
 }
 
 

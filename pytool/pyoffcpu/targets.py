@@ -21,8 +21,10 @@ this stage for the targets and tells it when to look again (poll).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import struct
 import time
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -496,13 +498,18 @@ class Targets:
                 self.discover(pid)
 
     def _pairs(self, name: str) -> Dict[int, int]:
-        """A map of integers, read in a few batched syscalls (not two an entry)."""
+        """A map of u32 -> u32/u64, read in a few batched syscalls (not two an
+        entry) and unpacked without a ctypes object per entry."""
         table = self.bpf[name]
+        vfmt = {4: "<I", 8: "<Q"}[ctypes.sizeof(table.Leaf)]
+        out: Dict[int, int] = {}
         try:
-            pairs = list(table.items_lookup_batch())
+            for kb, vb, _ in table.raw_lookup_batch():
+                for (k,), (v,) in zip(struct.iter_unpack("<I", kb), struct.iter_unpack(vfmt, vb)):
+                    out[k] = v
         except Exception:                               # noqa: BLE001 (no batch ops)
-            pairs = table.items()
-        return {k.value: v.value for k, v in pairs}
+            out = {k.value: v.value for k, v in table.items()}
+        return out
 
     def _unregistered(self) -> Dict[int, int]:
         return self._pairs("unregistered")
