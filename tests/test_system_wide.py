@@ -122,6 +122,24 @@ def test_wall_mode_needs_a_filter_and_filters_select(tmp_path, bpf):
     assert total > 0.5e9 and not wrong and with_py >= 0.95 * total, (total, with_py, wrong)
 
 
+def test_python_only_takes_no_other_process(tmp_path, bpf):
+    mine = spinner("pyenv-3.12")
+    other = subprocess.Popen(["sha256sum", "/dev/zero"])     # killed below
+    out = tmp_path / "py.folded"
+    try:
+        time.sleep(0.3)
+        res = subprocess.run(pyoffcpu_cmd("-a", "--python-only", "-d", "2", "-o", str(out)),
+                             env=env(), capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+    prof = from_folded(out.read_text())
+    assert mine.pid in prof.processes and other.pid not in prof.processes, (prof.processes, res.stderr)
+    assert "left out (--python-only)" in res.stderr, res.stderr
+
+
 def _debug_nonpython(prof, pid):
     out = {}
     for k, ns in prof.weights.items():

@@ -192,7 +192,8 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     if output is None:
         who = "all" if opts.system_wide else main_pid
         output = f"pyoffcpu-{who}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(rec.start_time))}.svg"
-    comm = rec.comms.get(main_pid, "") if main_pid else f"{len(rec.comms)} processes"
+    n = len(rec.comms)
+    comm = rec.comms.get(main_pid, "") if main_pid else f"{n} process" + ("" if n == 1 else "es")
     title = (f"pyoffcpu: {prof.meta.target} {comm} — {opts.mode} mode, "
              f"{rec.duration_s:.1f} s, {opts.frequency} Hz")
     # a failed write still prints the summary; its error (naming the fallback

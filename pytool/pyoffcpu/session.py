@@ -872,9 +872,11 @@ class Session:
     def _system_wide_notices(self):
         targets, rec = self.targets, self.rec
         late = {p: n for p, n in targets.unregistered_samples().items() if p in rec.pythons}
-        n = len(targets) + len(targets.retired)
-        rec.notices.append(f"-a: {n} processes, {len(rec.python_images)} Python interpreters "
-                           f"found ({targets.not_python} processes without one)")
+        n, npy = len(targets) + len(targets.retired), len(rec.python_images)
+        others = (f"; {_count(targets.left_out, 'process')} without one left out (--python-only)"
+                  if self.opts.python_only else f" ({_count(targets.not_python, 'process')} without one)")
+        rec.notices.append(f"-a: {_count(n, 'process')}, {_count(npy, 'Python interpreter')} found"
+                           + others)
         if late:
             rec.notices.append(f"{sum(late.values())} samples of {len(late)} Python processes came before "
                                "they were registered: native frames only")
@@ -961,6 +963,11 @@ def map_sizes(o: Options, tables: bool) -> Dict[str, int]:
         sizes["threads"] = sizes["offcpu_start"] = 16384
         sizes["pystack_seen"] = 32768   # full: a stack is sent again, not lost
     return sizes
+
+
+def _count(n: int, what: str) -> str:
+    """`1 process`, `2 processes`."""
+    return f"{n} {what}" + ("" if n == 1 else "es" if what.endswith("s") else "s")
 
 
 def _delete_each(table, keys) -> None:

@@ -145,6 +145,7 @@ class Targets:
         self.retired: List[Target] = []     # -a: gone, or their PID now another process's
         self._retired_pids = set()
         self.not_python = 0                 # -a: processes found without an interpreter
+        self.left_out = 0                   # ... of them not taken (--python-only)
         self._execs: Dict[int, int] = {}
         self._exec_total = None             # (fd, key, leaf) of exec_total, made at first use
         self._exec_total_seen = 0
@@ -298,7 +299,7 @@ class Targets:
                 if self.select is not None:
                     self.not_python += 1
                     if self.select.python_only:
-                        self.retire(tgt)
+                        self._leave_out(tgt)
                     return
                 comm = (read_text(f"/proc/{pid}/comm") or "?").strip()
                 self.rec.notices.append(
@@ -461,6 +462,21 @@ class Targets:
             self._retired_pids.add(tgt.pid)
         self._write_targets(sorted(p for p, t in self.by_pid.items() if not t.exited))
 
+    def _leave_out(self, tgt: Target):
+        """--python-only: a process found without an interpreter was never
+        taken (nor registered, see discover): no trace of it stays."""
+        if tgt.mem is not None:
+            tgt.mem.close()
+            tgt.mem = None
+        tgt.retired = tgt.exited = True
+        if self.by_pid.get(tgt.pid) is tgt:
+            del self.by_pid[tgt.pid]
+        for facts in (self.rec.comms, self.rec.cmdlines, self.rec.spaces, self.rec.ns_ids):
+            facts.pop(tgt.pid, None)
+        if self.unwinder is not None:
+            self.unwinder.forget(tgt.pid)
+        self.left_out += 1
+
     # -- -a: finding the processes -------------------------------------------------
     def scan(self):
         """At the start: every process the selection takes."""
@@ -485,7 +501,8 @@ class Targets:
         if pid not in self.by_pid:
             return None                 # --python-only, and it is not
         if tgt.python is None or tgt.reader is None:
-            self.register(tgt)          # native stacks
+            if not self.select.python_only:
+                self.register(tgt)      # native stacks (--python-only: once it is Python)
         elif self.unwinder is not None:
             self.snapshot(tgt, force=True)      # now with its unwind tables
         return tgt
