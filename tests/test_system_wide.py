@@ -104,40 +104,35 @@ def test_wall_mode_needs_a_filter_and_filters_select(tmp_path, bpf):
                          text=True, timeout=60)
     assert res.returncode == 2 and "for -a" in res.stderr, res.stderr
     # --match in wall mode: the matching process is there with its off-CPU time, no other is
-    mine = spinner("pyenv-3.12")
-    other = subprocess.Popen(["sha256sum", "/dev/zero"])     # killed below
-    out = tmp_path / "m.folded"
-    try:
-        res = subprocess.run(pyoffcpu_cmd("-a", "--match", r"execs\.py after", "--mode", "wall",
-                                          "-d", "2", "-o", str(out)),
-                             env=env(), capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, res.stderr
-    finally:
-        for p in (mine, other):
-            p.kill()
-            p.wait()
-    prof = from_folded(out.read_text())
-    assert set(prof.processes) == {mine.pid}, (prof.processes, res.stderr)
-    total, with_py, wrong = python_share(prof, mine.pid)
+    res, prof, mine, other = record_beside_a_c_process(
+        tmp_path, "--match", r"execs\.py after", "--mode", "wall")
+    assert set(prof.processes) == {mine}, (prof.processes, res.stderr)
+    total, with_py, wrong = python_share(prof, mine)
     assert total > 0.5e9 and not wrong and with_py >= 0.95 * total, (total, with_py, wrong)
 
 
 def test_python_only_takes_no_other_process(tmp_path, bpf):
+    res, prof, mine, other = record_beside_a_c_process(tmp_path, "--python-only")
+    assert mine in prof.processes and other not in prof.processes, (prof.processes, res.stderr)
+    assert "left out (--python-only)" in res.stderr, res.stderr
+
+
+def record_beside_a_c_process(tmp_path, *args):
+    """`pyoffcpu -a ARGS -d 2` while a 3.12 spinner and a pure C process
+    (sha256sum) run: (result, profile, spinner's PID, C process's PID)."""
     mine = spinner("pyenv-3.12")
     other = subprocess.Popen(["sha256sum", "/dev/zero"])     # killed below
-    out = tmp_path / "py.folded"
+    out = tmp_path / "beside.folded"
     try:
         time.sleep(0.3)
-        res = subprocess.run(pyoffcpu_cmd("-a", "--python-only", "-d", "2", "-o", str(out)),
+        res = subprocess.run(pyoffcpu_cmd("-a", *args, "-d", "2", "-o", str(out)),
                              env=env(), capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
     finally:
         for p in (mine, other):
             p.kill()
             p.wait()
-    prof = from_folded(out.read_text())
-    assert mine.pid in prof.processes and other.pid not in prof.processes, (prof.processes, res.stderr)
-    assert "left out (--python-only)" in res.stderr, res.stderr
+    return res, from_folded(out.read_text()), mine.pid, other.pid
 
 
 def _debug_nonpython(prof, pid):

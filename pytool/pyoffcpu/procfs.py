@@ -1,7 +1,7 @@
 """What /proc says about a process or thread: small readers that never raise."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 
 def read_text(path: str) -> Optional[str]:
@@ -24,10 +24,16 @@ def ns_id(status_path: str, host_id: int) -> int:
     return 0
 
 
+def stat_fields(stat_path: str) -> List[str]:
+    """The fields of a /proc/.../stat file after the command name (which may
+    hold spaces and parentheses): [0] the state, [1] the parent PID, [19]
+    the start time; [] when it is gone."""
+    return (read_text(stat_path) or "").rsplit(")", 1)[-1].split()
+
+
 def proc_state(stat_path: str) -> str:
-    """The state letter of a /proc/.../stat file ("" when it is gone); the
-    command name before it may hold spaces and parentheses."""
-    fields = (read_text(stat_path) or "").rsplit(")", 1)[-1].split()
+    """The state letter of a /proc/.../stat file ("" when it is gone)."""
+    fields = stat_fields(stat_path)
     return fields[0] if fields else ""
 
 

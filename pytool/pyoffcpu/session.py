@@ -324,13 +324,11 @@ class Session:
         # Python stacks BPF sent before those times were added are in the
         # perf buffer now.
         self.bpf.perf_buffer_poll(timeout=0)
-        pystacks, stacks, native_ids = self.rec.pystacks, self.rec.stacks, self._native_ids
+        pystacks, stacks = self.rec.pystacks, self.rec.stacks
         if self.opts.system_wide:
             self._sampled = {it[0] for it in items}
         for tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns in items:
-            uid = native_ids.get(nstack, -2) if nstack else ustack
-            if uid == -2:
-                uid = self._ustack_id(ustack, nstack)
+            uid = self._ustack_id(ustack, nstack)
             key = (tgid, tid, uid, kstack, pystack, kind)
             acc = stacks.get(key)
             if acc is not None:
@@ -618,21 +616,32 @@ class Session:
                 continue
             stacks = {}
             if tgt.python is not None and tgt.reader is not None:
-                stacks = walker.all_thread_stacks(tgt.python)
-                if pid in self.rec.ns_ids:
-                    # CPython keeps the ids its own PID namespace gave the threads
-                    host = {ns_id(f"/proc/{pid}/task/{t}/status", -1): t for t in tids}
-                    stacks = {host[t]: st for t, st in stacks.items() if t in host}
+                stacks = self._thread_stacks(tgt, tids)
             for tid in tids:
                 frames, truncated = stacks.get(tid, ([], False))
-                pyhash = 0
-                if frames:
-                    pyhash = (hash((pid, tid, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
-                    infos = [tgt.reader.code(code) for code, _, _ in frames]
-                    self.rec.pystacks[pyhash] = PyStack(pid, PYS_TRUNCATED if truncated else 0,
-                                                        frames, infos, tgt.python)
+                pyhash = self._keep_pystack(tgt, tid, frames, truncated) if frames else 0
                 self._initial[tid] = (pid, pyhash, _state_kind(pid, tid),
                                       self._native_now(pid, tid))
+
+    def _thread_stacks(self, tgt, tids) -> Dict[int, tuple]:
+        """host tid -> (frames, truncated): the Python stacks of tgt's threads
+        read from its memory now (walker.all_thread_stacks)."""
+        stacks = walker.all_thread_stacks(tgt.python)
+        if tgt.pid in self.rec.ns_ids:
+            # CPython keeps the ids its own PID namespace gave the threads
+            host = {ns_id(f"/proc/{tgt.pid}/task/{t}/status", -1): t for t in tids}
+            stacks = {host[t]: st for t, st in stacks.items() if t in host}
+        return stacks
+
+    def _keep_pystack(self, tgt, tid: int, frames, truncated: bool) -> int:
+        """A Python stack read in user space, kept beside BPF's with its code
+        objects; its hash (bit 62 set, as every one read in user space; the
+        image's epoch in it, as BPF mixes it into its own)."""
+        pyhash = (hash((tgt.pid, tid, tgt.epoch, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
+        infos = [tgt.reader.code(code) for code, _, _ in frames]
+        self.rec.pystacks[pyhash] = PyStack(tgt.pid, PYS_TRUNCATED if truncated else 0, frames,
+                                            infos, tgt.python)
+        return pyhash
 
     def _fix_blocked(self, tgt):
         """tgt has just been registered with its interpreter: its threads that
@@ -653,19 +662,13 @@ class Session:
         before = open_now()
         if not before:
             return
-        stacks = walker.all_thread_stacks(tgt.python)
-        if pid in self.rec.ns_ids:
-            host = {ns_id(f"/proc/{pid}/task/{t}/status", -1): t for t in before}
-            stacks = {host[t]: st for t, st in stacks.items() if t in host}
+        stacks = self._thread_stacks(tgt, before)
         after = open_now()
         for tid, ts in before.items():
             frames, truncated = stacks.get(tid, ([], False))
             if not frames or after.get(tid) != ts:
                 continue                # it ran meanwhile: its next capture has them
-            pyhash = (hash((pid, tid, ts, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
-            infos = [tgt.reader.code(code) for code, _, _ in frames]
-            self.rec.pystacks[pyhash] = PyStack(pid, PYS_TRUNCATED if truncated else 0, frames,
-                                                infos, tgt.python)
+            pyhash = self._keep_pystack(tgt, tid, frames, truncated)
             leaf = fix.Leaf()
             leaf.ts, leaf.pystack = ts, pyhash
             update_elem(fix.map_fd, fix.Key(tid), leaf)

@@ -32,7 +32,7 @@ from . import bpfdefs, symbols
 from .cpython import detect
 from .cpython.code import CodeReader
 from .memory import MemoryError_, ProcessMemory
-from .procfs import ns_id, process_alive, read_text
+from .procfs import ns_id, process_alive, read_text, stat_fields
 
 SNAPSHOT_S = 0.5                # maps, comm and liveness of every target read again
 LAUNCH_WAIT_S = 3.0             # a launched command's time to map its interpreter
@@ -45,7 +45,7 @@ def start_ticks(pid: int) -> int:
     """When a process started (clock ticks after boot, /proc/PID/stat field
     22): a PID and this name one process, however often the PID is reused.
     0 when it is gone (or a zombie: it has ended)."""
-    fields = (read_text(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()
+    fields = stat_fields(f"/proc/{pid}/stat")
     if len(fields) <= 19 or fields[0] in ("Z", "X") or not fields[19].isdigit():
         return 0
     return int(fields[19])
@@ -186,7 +186,7 @@ class Targets:
         parents: Dict[int, List[int]] = {}
         for name in os.listdir("/proc"):
             if name.isdigit():
-                fields = (read_text(f"/proc/{name}/stat") or "").rsplit(")", 1)[-1].split()
+                fields = stat_fields(f"/proc/{name}/stat")
                 if len(fields) > 1 and fields[1].isdigit():
                     parents.setdefault(int(fields[1]), []).append(int(name))
         todo = list(self.by_pid)
@@ -242,6 +242,10 @@ class Targets:
                          "iframe_owner", "code_code_adaptive"):
                 setattr(info, name, o[name])
         table[table.Key(tgt.pid)] = info
+        self._publish()
+
+    def _publish(self):
+        """The live targets into BPF's control block."""
         self._write_targets(sorted(p for p, t in self.by_pid.items() if not t.exited))
 
     def list_threads(self):
@@ -310,13 +314,13 @@ class Targets:
         until it is detected and registered again, under a new epoch.  This
         polls one array element; the execs map (a hash map, whose iteration
         walks every bucket) is read only when it changed."""
-        from .bpfload import lookup_elem
         total = self._exec_total
         if total is None:
+            from .bpfload import lookup_elem
             table = self.bpf["exec_total"]
-            total = self._exec_total = (table.map_fd, table.Key(0), table.Leaf())
-        fd, key, leaf = total
-        lookup_elem(fd, key, leaf)
+            total = self._exec_total = (lookup_elem, table.map_fd, table.Key(0), table.Leaf())
+        lookup, fd, key, leaf = total
+        lookup(fd, key, leaf)
         if leaf.value == self._exec_total_seen:
             return
         self._exec_total_seen = leaf.value
@@ -445,37 +449,36 @@ class Targets:
         now): its BPF registrations go, so nothing is walked with them."""
         if tgt.retired:
             return
-        tgt.retired = tgt.exited = True
-        if tgt.mem is not None:
-            tgt.mem.close()
-            tgt.mem = None
+        self._release(tgt)
         try:
             del self.bpf["procs"][self.bpf["procs"].Key(tgt.pid)]
         except KeyError:
             pass
-        if self.unwinder is not None:
-            self.unwinder.forget(tgt.pid)
         if self.select is not None and self.by_pid.get(tgt.pid) is tgt:
             # -a: the PID is free for the next process; the old one's facts stay in rec
             del self.by_pid[tgt.pid]
             self.retired.append(tgt)
             self._retired_pids.add(tgt.pid)
-        self._write_targets(sorted(p for p, t in self.by_pid.items() if not t.exited))
+        self._publish()
 
     def _leave_out(self, tgt: Target):
         """--python-only: a process found without an interpreter was never
         taken (nor registered, see discover): no trace of it stays."""
-        if tgt.mem is not None:
-            tgt.mem.close()
-            tgt.mem = None
-        tgt.retired = tgt.exited = True
+        self._release(tgt)
         if self.by_pid.get(tgt.pid) is tgt:
             del self.by_pid[tgt.pid]
         for facts in (self.rec.comms, self.rec.cmdlines, self.rec.spaces, self.rec.ns_ids):
             facts.pop(tgt.pid, None)
+        self.left_out += 1
+
+    def _release(self, tgt: Target):
+        """What user space holds for a target: its memory and its tables."""
+        tgt.retired = tgt.exited = True
+        if tgt.mem is not None:
+            tgt.mem.close()
+            tgt.mem = None
         if self.unwinder is not None:
             self.unwinder.forget(tgt.pid)
-        self.left_out += 1
 
     # -- -a: finding the processes -------------------------------------------------
     def scan(self):
