@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-CHUNK = 0.5             # seconds per burn call: transitions are rare
+CHUNK = 1e9             # seconds per burn call: it returns only when the run ends (STOP)
 WARMUP = 64             # unspecialised calls before the timed ones (3.13 CALL_ALLOC_AND_ENTER_INIT)
 DEPTH = 300
 DEADLINE = 0.0          # monotonic end of the run (main sets it)
@@ -40,15 +40,20 @@ GO_PIPE = os.pipe()     # `go` for the sub-interpreter: a byte is written on SIG
 
 stop = threading.Event()
 GO = []                     # non-empty from SIGUSR1 on: the threads idle until the profiler runs
+STOP = []                   # non-empty once the run ends: every burn returns
 lock = threading.Lock()
 
 
 def burn(seconds):
     # Until GO (SIGUSR1) the loop idles: the same line, only C calls in between,
-    # so the stack is the same whether it burns or waits.
+    # so the stack is the same whether it burns or waits.  A case's burn does
+    # not return while the profiler records: a return runs other lines
+    # (stop.is_set() is a Python call), and a thread that loses the GIL there
+    # waits for it, five threads' switch intervals long, in a stack that is
+    # right but not the one the test expects (1% of a 3 s recording, seen).
     end = time.perf_counter() + seconds
     n = 0
-    while time.perf_counter() < end: n += 1 if GO else time.sleep(0.01) or 0  # L:burn
+    while time.perf_counter() < end and not STOP: n += 1 if GO else time.sleep(0.01) or 0  # L:burn
     return n
 
 
@@ -205,6 +210,7 @@ def main():
             late = threading.Thread(target=forever(case_late, started), name="late", daemon=True)
             late.start()
             print("tid %s %d" % started.get(), flush=True)
+    STOP.append(True)
     stop.set()
     for t in threads:
         if t.name == "subinterp":
