@@ -12,9 +12,13 @@
  *
  * User space (pytool/pyoffcpu/unwind/) turns the .eh_frame of every
  * executable mapping of a target into a sorted table of rows (one per change
- * of the unwind rule, 8 bytes each) and writes them into the mmap-able array
- * `unwind_rows`; per process, `unwind_procs` lists its executable mappings
- * (sorted by start) and where their tables are.
+ * of the unwind rule, 8 bytes each).  Each file's table is an array map of
+ * its own, exactly its size, written through mmap and put in a slot of
+ * `unwind_files` (an array of maps), once however many processes map the
+ * file; per process, `unwind_procs` lists its executable mappings (sorted
+ * by start) and the slots of their tables.  User space frees a table by
+ * clearing its slot once no process refers to it; the kernel frees the
+ * array after the programs that may still hold it are done.
  *
  * The walk starts from the thread's user registers (bpf_task_pt_regs: the
  * registers saved at kernel entry, right for a sample taken in kernel mode
@@ -31,7 +35,6 @@
  *
  * Set by the loader with -D:
  *   PT_REGS_IP_OFF, PT_REGS_SP_OFF, PT_REGS_BP_OFF, PT_REGS_CS_OFF   (BTF)
- *   UNWIND_ROWS        entries of unwind_rows
  */
 #ifndef PYOFFCPU_UNWIND_H
 #define PYOFFCPU_UNWIND_H
@@ -47,9 +50,6 @@
 #define PT_REGS_BP_OFF 0
 #define PT_REGS_CS_OFF 0
 #endif
-#ifndef UNWIND_ROWS
-#define UNWIND_ROWS (1 << 21)
-#endif
 #ifndef UNWIND_FRAMES_PER_CALL
 #define UNWIND_FRAMES_PER_CALL 8
 #endif
@@ -59,13 +59,16 @@
 
 static __always_inline void add_time(struct stack_key *key, u64 ns);
 
-BPF_F_TABLE("array", u32, struct unwind_row, unwind_rows, UNWIND_ROWS, BPF_F_MMAPABLE);
-BPF_F_TABLE("hash", u32, struct proc_unwind, unwind_procs, 1024, BPF_F_NO_PREALLOC);
+/* The template of a file's table (user space makes each one its own size:
+ * BPF_F_INNER_MAP) and the slots that hold them. */
+BPF_F_TABLE("array", u32, struct unwind_row, unwind_files_inner, 1, BPF_F_MMAPABLE | BPF_F_INNER_MAP);
+BPF_ARRAY_OF_MAPS(unwind_files, "unwind_files_inner", MAX_UNWIND_FILES);
+BPF_F_TABLE("hash", u32, struct proc_unwind, unwind_procs, MAX_UNWIND_PROCS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", u64, struct native_stack, nstacks, 32768, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(unwind_scratch, struct unwind_state, 2);   /* 0: on-CPU, 1: sched_switch */
 /* Per process: pcs found in no mapping of unwind_procs.  User space reads
  * the process's maps again when this grows (a library just loaded). */
-BPF_HASH(unwind_misses, u32, u64, 1024);
+BPF_F_TABLE("hash", u32, u64, unwind_misses, MAX_UNWIND_PROCS, BPF_F_NO_PREALLOC);
 BPF_PROG_ARRAY(unwind_perf_progs, 1);
 BPF_PROG_ARRAY(unwind_tp_progs, 2);     /* 0: unwind_tp, 1: memo_tp (the entry) */
 
@@ -105,29 +108,32 @@ static __always_inline struct unwind_map *unwind_find_map(struct proc_unwind *pu
 /* The row in force at rel (bytes from the table base), or 0. */
 static __always_inline struct unwind_row *unwind_find_row(struct unwind_map *m, u64 rel)
 {
-    u32 nrows = m->nrows, npages = m->npages, first = m->rows;
+    u32 nrows = m->nrows, npages = m->npages, slot = m->file;
     u32 lo, hi, k;
+    void *table = unwind_files.lookup(&slot);
+    if (!table)                     /* freed meanwhile: no row, never another file's */
+        return 0;
     u64 p = rel >> (m->page_shift & 31);
     if (p >= npages) {
         lo = hi = nrows - 1;
     } else {
-        k = first + (u32)p;
-        struct unwind_row *a = unwind_rows.lookup(&k);
+        k = (u32)p;
+        struct unwind_row *a = bpf_map_lookup_elem(table, &k);
         k++;
-        struct unwind_row *b = unwind_rows.lookup(&k);
+        struct unwind_row *b = bpf_map_lookup_elem(table, &k);
         if (!a || !b)
             return 0;
         lo = a->pc;
         hi = b->pc;
     }
-    u32 rows = first + npages + 1;  /* the rows follow the page index */
+    u32 rows = npages + 1;          /* the rows follow the page index */
 #pragma clang loop unroll(disable)
     for (int i = 0; i < UNWIND_SEARCH_STEPS; i++) {
         if (lo >= hi)
             break;
         u32 mid = (lo + hi + 1) >> 1;
         k = rows + mid;
-        struct unwind_row *r = unwind_rows.lookup(&k);
+        struct unwind_row *r = bpf_map_lookup_elem(table, &k);
         if (!r)
             return 0;
         if (r->pc <= rel)
@@ -138,7 +144,7 @@ static __always_inline struct unwind_row *unwind_find_row(struct unwind_map *m, 
     if (lo != hi)
         return 0;
     k = rows + lo;
-    struct unwind_row *r = unwind_rows.lookup(&k);
+    struct unwind_row *r = bpf_map_lookup_elem(table, &k);
     if (!r || r->pc > rel)
         return 0;
     return r;

@@ -10,6 +10,8 @@
 #define MAX_UNWIND_MAPS 256         /* executable mappings per process; power of two */
 #define UNWIND_MAP_STEPS 9          /* log2(MAX_UNWIND_MAPS) + 1 */
 #define UNWIND_SEARCH_STEPS 10      /* rows per page <= 1 << UNWIND_SEARCH_STEPS */
+#define MAX_UNWIND_FILES 16384      /* tables loaded at once (one per file): slots of unwind_files */
+#define MAX_UNWIND_PROCS 16384      /* processes with tables (unwind_procs, not preallocated) */
 #define UNWIND_WIN 4096             /* bytes of stack read at once (at most a page); power of two */
 
 /* unwind_row.kind */
@@ -34,7 +36,8 @@ struct unwind_row {
 struct unwind_map {
     unsigned long long start, end;  /* runtime addresses */
     unsigned long long base;        /* runtime address of the table's pc 0 */
-    unsigned int rows;              /* first entry in unwind_rows: the page index */
+    unsigned int file;              /* slot in unwind_files: the array of the file's
+                                       table (the page index, then the rows) */
     unsigned int npages;            /* page index entries - 1; rows follow the index */
     unsigned int nrows;             /* 0: no table, walk by frame pointer */
     unsigned int page_shift;

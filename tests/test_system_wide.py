@@ -252,7 +252,7 @@ def test_unwind_rows_are_shared_by_the_processes_of_one_interpreter(bpf):
             s = Session(Options(pids=[p.pid for p in procs], mode="cpu", duration=0.3), plat.probe())
             s.run()
             assert s.unwinder is not None
-            return s.unwinder._next
+            return s.unwinder.rows_loaded
         finally:
             for p in procs:
                 p.kill()

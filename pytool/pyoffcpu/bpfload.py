@@ -69,7 +69,9 @@ _PERF_FLAG_FD_CLOEXEC = 8
 _ATTR_SIZE = 128                        # bytes of union bpf_attr passed (the rest is zero)
 
 _HASH, _ARRAY, _PROG_ARRAY, _PERF_EVENT_ARRAY, _PERCPU_HASH, _PERCPU_ARRAY, _STACK_TRACE = range(1, 8)
-_LRU_HASH, _LRU_PERCPU_HASH = 9, 10
+_LRU_HASH, _LRU_PERCPU_HASH, _ARRAY_OF_MAPS = 9, 10, 12
+BPF_F_MMAPABLE, BPF_F_INNER_MAP = 1 << 10, 1 << 12
+INNER_SUFFIX = "_inner"                 # an array of maps X takes the maps of X_inner's kind
 # bcc names programs without these prefixes (and at most 15 characters)
 _NAME_PREFIXES = ("kprobe__", "kretprobe__", "tracepoint__", "raw_tracepoint__")
 AUTOLOAD_PREFIX = "raw_tracepoint__"
@@ -109,11 +111,16 @@ def _addr(obj) -> int:
 
 
 def _map_create(mtype: int, key_size: int, value_size: int, max_entries: int, flags: int,
-                name: str) -> int:
+                name: str, inner_fd: int = 0) -> int:
     a = _attr()
-    struct.pack_into("<IIIII", a, 0, mtype, key_size, value_size, max_entries, flags)
+    struct.pack_into("<IIIIII", a, 0, mtype, key_size, value_size, max_entries, flags, inner_fd)
     struct.pack_into("16s", a, 28, name.encode()[:15])
     return _bpf(_MAP_CREATE, a)
+
+
+def create_array(name: str, value_size: int, max_entries: int, flags: int = 0) -> int:
+    """A new BPF array map (u32 keys); its fd.  Raises OSError."""
+    return _map_create(_ARRAY, 4, value_size, max_entries, flags, name)
 
 
 def _map_elem(cmd: int, fd: int, key, value=None, flags: int = 0) -> int:
@@ -442,6 +449,14 @@ class Array(Table):
         self[key] = self.Leaf()
 
 
+class MapArray(Table):
+    """An array of maps: a slot holds a map (set it from the map's fd; a
+    lookup gives the map's id), and a slot can be cleared (del)."""
+
+    def __setitem__(self, key, fd):
+        super().__setitem__(key, ct.c_uint32(fd.value if isinstance(fd, ct._SimpleCData) else fd))
+
+
 class ProgArray(Array):
     def __setitem__(self, key, leaf):
         if isinstance(leaf, Function):
@@ -538,7 +553,8 @@ class PerfEventArray(Array):
 
 _TABLE_TYPES = {_HASH: HashTable, _LRU_HASH: HashTable, _ARRAY: Array, _PROG_ARRAY: ProgArray,
                 _PERF_EVENT_ARRAY: PerfEventArray, _PERCPU_ARRAY: PerCpuArray,
-                _PERCPU_HASH: PerCpuHash, _LRU_PERCPU_HASH: PerCpuHash, _STACK_TRACE: StackTrace}
+                _PERCPU_HASH: PerCpuHash, _LRU_PERCPU_HASH: PerCpuHash, _STACK_TRACE: StackTrace,
+                _ARRAY_OF_MAPS: MapArray}
 
 
 # -- the loaded programs ----------------------------------------------------------------------------
@@ -574,10 +590,12 @@ class Program:
         self._map_fds: Dict[str, int] = {}
         self.load_errors: Dict[bytes, Exception] = {}   # optional programs that did not load
         self._lock = threading.Lock()
-        try:
-            for m in entry["maps"]:
+        try:        # an array of maps after the template of its maps
+            for m in sorted(entry["maps"], key=lambda m: m.get("inner") is not None):
+                inner = self._map_fds[m["inner"]] if m.get("inner") else 0
                 self._map_fds[m["name"]] = _map_create(m["type"], m["key_size"], m["value_size"],
-                                                       m["max_entries"], m["flags"], m["name"])
+                                                       m["max_entries"], m["flags"], m["name"],
+                                                       inner)
         except OSError as e:
             self.cleanup()
             raise BpfError(f"cannot create BPF map {m['name']}: {e.strerror}") from None
@@ -904,6 +922,11 @@ def _check(entry, key: Optional[str]) -> None:
                     or not isinstance(m["leaf_desc"], str):
                 raise CacheError("bad map")
             maps[m["name"]] = m
+        for m in entry["maps"]:
+            inner = m.get("inner")
+            if (m["type"] == _ARRAY_OF_MAPS) != (inner is not None) or (
+                    inner is not None and (inner not in maps or maps[inner].get("inner"))):
+                raise CacheError(f"map {m['name']}: bad inner map")
         if not isinstance(entry["license"], str) or not isinstance(entry.get("kern_version", 0), int):
             raise CacheError("bad license")
         for p in entry["programs"]:
@@ -1002,6 +1025,12 @@ def _dump(b, lib) -> dict:
                      "key_desc": (lib.bpf_table_key_desc_id(mod, i) or b"").decode(),
                      "leaf_desc": (lib.bpf_table_leaf_desc_id(mod, i) or b"").decode()})
         by_fd[fd] = name
+    names = {m["name"] for m in maps}
+    for m in maps:                      # bcc gives no name of an array of maps' template
+        if m["type"] == _ARRAY_OF_MAPS:
+            m["inner"] = m["name"] + INNER_SUFFIX
+            if m["inner"] not in names:
+                raise BpfError(f"array of maps {m['name']}: its template must be named {m['inner']}")
     progs = []
     for i in range(lib.bpf_num_functions(mod)):
         fname = lib.bpf_function_name(mod, i)

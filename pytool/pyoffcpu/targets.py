@@ -438,6 +438,8 @@ class Targets:
                         self.snapshot(tgt)
                 else:
                     self.retire(tgt)
+        if self.unwinder is not None:
+            self.unwinder.collect()     # the tables of files no process maps now
         if self.select is not None and not self.select.filtered:
             self._discover_sampled()
 

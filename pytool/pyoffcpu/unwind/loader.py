@@ -3,18 +3,30 @@ native stacks back.
 
 * `cflags()`: the -D the BPF side needs (pt_regs offsets from BTF).
 * `NativeUnwinder`: loads the unwinder programs into their tail-call
-  arrays, writes each object file's table once into the mmap-ed
-  `unwind_rows` array (shared by every process that maps the file), and per
-  process the list of its executable mappings into `unwind_procs`, again
-  whenever they change (dlopen).  `stack(hash)` returns a walked stack.
+  arrays; writes each object file's table once, into a BPF array of its
+  own size (mmap-ed, written, put in a slot of `unwind_files`), shared by
+  every process that maps the file; per process writes the list of its
+  executable mappings into `unwind_procs`, again whenever they change
+  (dlopen).  `collect()` frees the tables no process refers to any more.
+  `stack(hash)` returns a walked stack.
+
+Freeing is exact by construction: the references are read from
+`unwind_procs` itself (BPF copies a parent's entry to a child it follows,
+so user space's own bookkeeping would miss those), and a table is freed
+only when two looks at least COLLECT_S apart found no reference to it: a
+BPF program that read an entry before the first look has long finished,
+and what it wrote is seen by the second.  A slot that is cleared makes a
+lookup fail (no row: that frame is walked by frame pointer), never find
+another file's rows; the kernel frees the array once no program holds it.
 """
 from __future__ import annotations
 
 import array
 import ctypes
+import errno
 import mmap
 import os
-import struct
+import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -23,25 +35,18 @@ from ..elffile import ElfCache, default_cache, load_bias
 from ..bpfdefs import (MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER,  # noqa: F401
                        NST_INCOMPLETE, NST_TRUNCATED, NST_UNMAPPED)
 from . import table as T
-DEFAULT_ROWS = 1 << 21                  # 16 MiB of rows
 ROW_SIZE = T.ROW.size
+COLLECT_S = 0.5                         # between the two looks that free a table
+COLLECT_IDLE_S = 5.0                    # a look even when nothing changed
 
 
 def enabled() -> bool:
     return os.environ.get("PYOFFCPU_NATIVE_UNWIND", "1") != "0"
 
 
-def rows_capacity() -> int:
-    try:
-        n = int(os.environ.get("PYOFFCPU_UNWIND_ROWS", DEFAULT_ROWS))
-    except ValueError:
-        n = DEFAULT_ROWS
-    return max(1 << 12, n)
-
-
 def cflags(btf_path: Optional[str] = None) -> List[str]:
     """-D flags for bpf/unwind.h; [] (unwinding off) when BTF lacks pt_regs."""
-    off = ["-DNATIVE_UNWIND=0", "-DUNWIND_ROWS=4096"]
+    off = ["-DNATIVE_UNWIND=0"]
     if not enabled():
         return off
     from ..btf import VMLINUX_BTF, BtfError, member_offsets
@@ -51,7 +56,7 @@ def cflags(btf_path: Optional[str] = None) -> List[str]:
                                                [("pt_regs", f) for f in fields])))
     except (BtfError, OSError):
         return off
-    return ["-DNATIVE_UNWIND=1", f"-DUNWIND_ROWS={rows_capacity()}"] + [
+    return ["-DNATIVE_UNWIND=1"] + [
         f"-DPT_REGS_{f.upper()}_OFF={o}" for f, o in offs.items()]
 
 
@@ -71,11 +76,16 @@ def program_specs(perf: bool = True, switch: bool = True) -> List[Tuple[str, int
 
 @dataclass
 class _Loaded:
-    rows: int                   # first entry in unwind_rows (page index first)
+    slot: int                   # in unwind_files (-1: user space only)
     npages: int
     nrows: int
     page_shift: int
     base: int                   # ELF vaddr of the table's pc 0
+    name: str                   # the file, for notices and tests
+
+    @property
+    def entries(self) -> int:   # the page index, then the rows
+        return self.npages + 1 + self.nrows
 
 
 class NativeUnwinder:
@@ -91,8 +101,6 @@ class NativeUnwinder:
         self.tables = tables
         self.cache = cache if cache is not None else (T.TableCache() if tables else None)
         self.elf_cache = elf_cache if elf_cache is not None else default_cache()
-        self.capacity = rows_capacity()
-        self._next = 0
         self._objects: Dict[tuple, Optional[_Loaded]] = {}
         self._proc_keys: Dict[int, frozenset] = {}
         self._regions: Dict[int, list] = {}     # pid -> walk.Region list (user-space walks)
@@ -100,17 +108,21 @@ class NativeUnwinder:
         self._full_noticed = False
         self.stacks_read = 0
         self.procs_full = 0             # processes left without tables: unwind_procs full
-        self._mm = None
-        self._procs = self._nstacks = None
+        self.rows_loaded = 0            # entries of the tables in the kernel now
+        self.tables_freed = 0
+        self._procs = self._nstacks = self._files = None
+        self._free_slots: List[int] = []
+        self._unreferenced: set = set()     # keys no entry referred to at the last look
+        self._changed = False           # entries written or deleted since the last look
+        self._looked = 0.0
         self._misses_seen: Dict[int, int] = {}
         self._misses_checked = 0.0
         self._gen = 0                   # proc_unwind.gen: unique per write
         if bpf is None:
             return
         if tables:
-            fd = bpf["unwind_rows"].map_fd
-            self._mm = mmap.mmap(fd, self.capacity * ROW_SIZE, mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            self._files = bpf["unwind_files"]
+            self._free_slots = list(range(self._files.max_entries - 1, -1, -1))
         self._procs = bpf["unwind_procs"]
         self._nstacks = bpf["nstacks"]
 
@@ -128,40 +140,91 @@ class NativeUnwinder:
             self.bpf["unwind_tp_progs"][ctypes.c_int(1)] = ctypes.c_int(fds["memo_tp"])
 
     def close(self) -> None:
-        if self._mm is None:
-            return
-        try:
-            self._mm.close()
-        except (BufferError, ValueError):
-            pass
-        self._mm = None
+        """The tables stay the kernel's until the program's maps go."""
 
     # -- object files ---------------------------------------------------------
-    def _load(self, key: tuple, t: Optional[T.UnwindTable]) -> Optional[_Loaded]:
+    def _load(self, key: tuple, t: Optional[T.UnwindTable], name: str) -> Optional[_Loaded]:
         if key in self._objects:
+            self._unreferenced.discard(key)
             return self._objects[key]
-        loaded = None
-        if t is not None and t.nrows:
-            need = t.npages + 1 + t.nrows
-            if self._mm is None:        # user space only: nothing to write
-                loaded = _Loaded(0, t.npages, t.nrows, t.page_shift, t.base)
-            elif self._next + need > self.capacity:
+        if t is None or not t.nrows:
+            self._objects[key] = None       # no table: nothing to load, ever
+            return None
+        loaded = _Loaded(-1, t.npages, t.nrows, t.page_shift, t.base, name)
+        if self._files is not None:     # else user space only: nothing to write
+            if not self._free_slots:
                 if not self._full_noticed:
                     self._full_noticed = True
                     self.notices.append(
-                        f"native unwind tables full ({self.capacity} rows): some libraries are "
-                        "walked by frame pointer (raise PYOFFCPU_UNWIND_ROWS)")
-            else:
-                index = array.array("I", bytes(8 * (t.npages + 1)))
-                index[0::2] = t.pages
-                off = self._next * ROW_SIZE
-                blob = index.tobytes() + t.rows
-                self._mm[off:off + len(blob)] = blob
-                loaded = _Loaded(self._next, t.npages, t.nrows, t.page_shift, t.base)
-                self._next += need
-        # a table that did not fit is not retried (its rows would not fit later either)
+                        f"native unwind tables: more than {self._files.max_entries} files at "
+                        "once; the others are walked by frame pointer")
+                return None             # tried again when a process maps it later
+            try:
+                loaded.slot = self._write(t, loaded)
+            except OSError as e:
+                self.notices.append(f"native unwind table of {name} not loaded ({e.strerror}): "
+                                    "walked by frame pointer")
+                self._objects[key] = None
+                return None
+            self.rows_loaded += loaded.entries
         self._objects[key] = loaded
         return loaded
+
+    def _write(self, t: T.UnwindTable, loaded: _Loaded) -> int:
+        """A BPF array of exactly the table's entries, written through mmap,
+        in a free slot of unwind_files; the slot."""
+        from ..bpfload import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
+        index = array.array("I", bytes(8 * (t.npages + 1)))
+        index[0::2] = t.pages
+        blob = index.tobytes() + t.rows
+        fd = create_array("unwind_table", ROW_SIZE, loaded.entries,
+                          BPF_F_MMAPABLE | BPF_F_INNER_MAP)
+        try:
+            size = -(-len(blob) // mmap.PAGESIZE) * mmap.PAGESIZE
+            with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+                mm[:len(blob)] = blob
+            slot = self._free_slots.pop()
+            try:
+                self._files[slot] = fd
+            except Exception:
+                self._free_slots.append(slot)
+                raise OSError(errno.ENOSPC, "unwind_files refused it") from None
+            return slot
+        finally:
+            os.close(fd)            # the slot holds the map now
+
+    def collect(self, force: bool = False) -> int:
+        """Free the tables that no process's entry refers to, at two looks
+        COLLECT_S apart (see the module's doc); returns how many it freed."""
+        if self._files is None:
+            return 0
+        now = time.monotonic()
+        if now - self._looked < (COLLECT_S if (self._changed or self._unreferenced or force)
+                                 else COLLECT_IDLE_S):
+            return 0
+        self._looked, self._changed = now, False
+        referenced = set()
+        for _, v in self._procs.items():
+            referenced.update(v.maps[i].file for i in range(min(v.n, MAX_UNWIND_MAPS)))
+        unreferenced = {k for k, lo in self._objects.items()
+                        if lo is not None and lo.slot not in referenced}
+        freed = 0
+        for k in unreferenced & self._unreferenced:
+            lo = self._objects.pop(k)
+            try:
+                del self._files[lo.slot]
+            except KeyError:
+                pass
+            self._free_slots.append(lo.slot)
+            self.rows_loaded -= lo.entries
+            freed += 1
+        self.tables_freed += freed
+        self._unreferenced = unreferenced - self._unreferenced
+        return freed
+
+    def loaded(self) -> List[str]:
+        """The files whose tables are in the kernel now."""
+        return sorted(lo.name for lo in self._objects.values() if lo is not None and lo.slot >= 0)
 
     def _entry(self, pid: int, m: symbols.Mapping
                ) -> Optional[Tuple[int, int, int, _Loaded, T.UnwindTable]]:
@@ -173,7 +236,7 @@ class NativeUnwinder:
                 return None
             data, info = v
             t = self.cache.get_bytes("[vdso]", data, info.build_id)
-            loaded = self._load(("vdso", info.identity), t)
+            loaded = self._load(("vdso", info.identity), t, "[vdso]")
         elif m.is_file:
             path = None
             for cand in (f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}",
@@ -193,7 +256,7 @@ class NativeUnwinder:
             # tables by build-id), else per file identity
             key = ("bid", info.build_id) if info.build_id else ("elf", info.identity)
             t = self.cache.get(path, info.build_id)
-            loaded = self._load(key, t)
+            loaded = self._load(key, t, m.path)
         else:
             return None
         if loaded is None:
@@ -237,10 +300,11 @@ class NativeUnwinder:
         for i, (start, end, base, t, _) in enumerate(entries):
             me = leaf.maps[i]
             me.start, me.end, me.base = start, end, base & 0xFFFFFFFFFFFFFFFF
-            me.rows, me.npages, me.nrows, me.page_shift = t.rows, t.npages, t.nrows, t.page_shift
+            me.file, me.npages, me.nrows, me.page_shift = t.slot, t.npages, t.nrows, t.page_shift
+        self._changed = True
         try:
             self._procs[self._procs.Key(pid)] = leaf
-        except Exception:               # map full (1024 processes): frame pointers
+        except Exception:               # map full (MAX_UNWIND_PROCS): frame pointers
             self.procs_full += 1
             return False
         return True
@@ -249,7 +313,6 @@ class NativeUnwinder:
         """Processes whose stacks reached code in no known mapping since the
         last call (at most one look every min_interval seconds): their maps
         should be read again."""
-        import time
         now = time.monotonic()
         if self.bpf is None or not self.tables or now - self._misses_checked < min_interval:
             return []
@@ -302,6 +365,7 @@ class NativeUnwinder:
     def forget(self, pid: int) -> None:
         self._proc_keys.pop(pid, None)
         self._regions.pop(pid, None)
+        self._changed = True
         if self._procs is None:
             return
         try:
