@@ -16,6 +16,7 @@
  *   SAMPLE_PERIOD_NS      on-CPU sampling period
  *   KERNEL_STACKS         1 to capture kernel stacks
  *   SYSTEM_WIDE           1 to take every process, not only those in `procs`
+ *   EXIT_GROUP_DEAD       1 if sched_process_exit passes group_dead (BTF)
  *   NATIVE_UNWIND         1 to walk user stacks with .eh_frame tables (bpf/unwind.h;
  *                         0: frame pointers, through the same finishing programs)
  * Kernel structs are never dereferenced by type: the headers bcc compiles
@@ -43,10 +44,11 @@ BPF_HASH(offcpu_start, u32, struct offcpu_start, 65536);
 BPF_HASH(pystack_seen, u64, u8, 131072);
 BPF_HASH(threads, u32, struct thread_t, 65536);
 BPF_HASH(pystack_fix, u32, struct pystack_fix, 4096);
-/* Per target process: how many times it called exec (its layouts are gone);
- * exec_total: all of them, the one number user space polls. */
+/* Per target process: how many times it called exec (its layouts are gone). */
 BPF_HASH(execs, u32, u64, 4096);
-BPF_ARRAY(exec_total, u64, 1);
+/* The life log (pyoffcpu.h) and its count of entries written. */
+BPF_F_TABLE("array", u32, struct life_event, life_log, LIFE_LOG, BPF_F_MMAPABLE);
+BPF_ARRAY(life_total, u64, 1);
 /* --subprocesses: child tgid -> parent tgid | the parent's exec count at
  * the fork << 32, for each process a target started (registered here at its
  * fork; user space takes it from there: the same exec count now means the
@@ -669,15 +671,34 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     return 0;
 }
 
-/* tgid is a new image (an exec, or a new process under a target's PID):
- * user space looks at it again (it polls exec_total, then reads execs). */
-static __always_inline void new_image(u32 tgid)
+/* One entry of the life log (pyoffcpu.h). */
+static __always_inline void log_life(u32 kind, u32 tgid, u64 arg)
 {
     int zero = 0;
+    u64 *total = life_total.lookup(&zero);
+    if (!total)
+        return;
+    u64 idx = __sync_fetch_and_add(total, 1);
+    u32 slot = idx & (LIFE_LOG - 1);
+    struct life_event *e = life_log.lookup(&slot);
+    if (!e)
+        return;
+    e->seq = 0;
+    asm volatile("" ::: "memory");  /* x86_64 keeps stores in order; so must clang */
+    e->kind = kind;
+    e->tgid = tgid;
+    e->arg = arg;
+    asm volatile("" ::: "memory");
+    e->seq = idx + 1;
+}
+
+/* tgid is a new image (an exec, or a new process under a target's PID):
+ * user space looks at it again. */
+static __always_inline void new_image(u32 tgid)
+{
     execs.atomic_increment(tgid);
-    u64 *total = exec_total.lookup(&zero);
-    if (total)
-        __sync_fetch_and_add(total, 1);
+    u64 *n = execs.lookup(&tgid);
+    log_life(LIFE_EXEC, tgid, n ? *n : 0);
 }
 
 /* A target starts a thread: register it, so that its first switch-in is
@@ -718,10 +739,7 @@ static __always_inline void follow_child(struct control_t *ctl, u32 tgid, u32 ct
     u64 *pexecs = execs.lookup(&tgid);
     u64 parent = tgid | ((pexecs ? *pexecs : 0) << 32);
     forks.update(&ctgid, &parent);
-    int zero = 0;
-    u64 *total = exec_total.lookup(&zero);
-    if (total)
-        __sync_fetch_and_add(total, 1);
+    log_life(LIFE_FORK, ctgid, parent);
 }
 
 RAW_TRACEPOINT_PROBE(sched_process_fork)
@@ -779,5 +797,30 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
         return 0;
     }
     new_image(tgid);
+    return 0;
+}
+
+#ifndef EXIT_GROUP_DEAD
+#define EXIT_GROUP_DEAD 0
+#endif
+/* A registered process's last thread exits: user space retires it now
+ * (its tables go, its PID may be another's next).  Where the tracepoint has
+ * no group_dead (older kernels), the group leader's exit stands in and
+ * user space's liveness checks catch the rest. */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+#if EXIT_GROUP_DEAD
+    if (!(u8)ctx->args[1])
+        return 0;
+#else
+    if ((u32)id != tgid)
+        return 0;
+#endif
+    if (!procs.lookup(&tgid))
+        return 0;
+    unwind_procs.delete(&tgid);
+    log_life(LIFE_EXIT, tgid, 0);
     return 0;
 }

@@ -24,6 +24,23 @@
 #define PYS_TRUNCATED   1           /* more frames than MAX_PY_DEPTH: outermost lost */
 #define PYS_READ_FAILED 2           /* a read failed part-way: the stack is partial */
 
+/* The life log: what happened to the processes user space follows, in
+ * the order it happened: an exec (or a new process under a target's PID),
+ * a fork --subprocesses follows, an exit.  A ring of LIFE_LOG entries,
+ * mmap-ed by user space; life_total counts every entry ever written.  An
+ * entry is written seqlock-style: seq 0, the fields, then seq = its index
+ * + 1, so a reader sees a whole entry or knows it does not. */
+#define LIFE_LOG   8192             /* power of two */
+#define LIFE_EXEC  1                /* arg: the process's exec count now */
+#define LIFE_FORK  2                /* arg: parent tgid | the parent's exec count << 32 */
+#define LIFE_EXIT  3                /* its last thread exits (a registered process) */
+struct life_event {
+    unsigned long long seq;
+    unsigned int kind;
+    unsigned int tgid;
+    unsigned long long arg;
+};
+
 /* Per target process: the offsets of its CPython (from offsets_table.py), the
  * pthread key of its tstate and the address of PyCode_Type.  -1 = absent. */
 struct proc_info {

@@ -247,7 +247,9 @@ def test_switch_heavy_thread_keeps_apart_two_places_it_blocks_in(tmp_path, bpf):
             if fn in names:
                 off[fn] += ns
     total = sum(off.values())
-    assert total > 0.25e9, off          # enough blocked time to tell (less under load)
+    # enough blocked time to tell: thousands of exactly timed waits (0.2-0.3 s
+    # in all on this machine, less under load; 0.25 s was too tight)
+    assert total > 0.1e9, off
     assert abs(off["read_a"] / total - 0.5) < 0.1, off
 
 

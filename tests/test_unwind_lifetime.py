@@ -138,3 +138,6 @@ def test_tables_of_an_exited_process_are_freed_and_the_others_kept(bpf):
     assert not has(last, "libpython3.9") and has(last, "libpython3.12"), (last, seen)
     assert has(last, "libc.so"), last
     assert s.unwinder.tables_freed >= 1 and rows_last < rows_first, seen
+    # retired at its exit, which BPF's life log reported (not found by a look at /proc)
+    assert s.platform.exit_group_dead
+    assert s.targets.exits_seen == 1 and s.targets.life_resyncs == 0

@@ -62,6 +62,7 @@ KIND_OTHER = value("KIND_OTHER")
 
 # Threads
 TH = with_prefix("TH_")
+LIFE_EXEC, LIFE_FORK, LIFE_EXIT = value("LIFE_EXEC"), value("LIFE_FORK"), value("LIFE_EXIT")
 MAX_INLINE_TARGETS = value("MAX_INLINE_TARGETS")
 TARGETS_IN_MAP = value("TARGETS_IN_MAP")
 

@@ -247,6 +247,27 @@ class Btf:
             index.setdefault(name, []).append(tid)
         return index
 
+    def tracepoint_args(self, tp: str) -> int:
+        """How many arguments a raw tracepoint passes (ctx->args[]), from
+        the prototype of its `btf_trace_<tp>` typedef; -1 if there is none.
+        Arguments are added across kernels (sched_process_exit's group_dead)."""
+        want = ("btf_trace_" + tp).encode()
+        raw, start, end = self._raw, self._str_start, self._str_end
+        unpack = struct.Struct(self._e + "I").unpack_from
+        for tid, kind in enumerate(self._kinds):
+            if kind != KIND_TYPEDEF:
+                continue
+            off = start + unpack(self._data, self._offsets[tid])[0]
+            if raw[off:off + len(want) + 1] != want + b"\0" or off >= end:
+                continue
+            proto = self.resolve(self._header(tid)[4])
+            if self._kinds[proto] == KIND_PTR:
+                proto = self.resolve(self._header(proto)[4])
+            if self._kinds[proto] != KIND_FUNC_PROTO:
+                return -1
+            return self._header(proto)[2] - 1       # less the context pointer
+        return -1
+
     def find_struct(self, name: str) -> list[int]:
         """Type ids of all struct/union definitions called ``name``."""
         if self._by_name is None:
@@ -366,6 +387,9 @@ def _split_indices(part: str, dotted: str) -> tuple[str, list[int]]:
 _OFFSETS: dict = {}         # BTF sha256 -> {"struct:member": byte offset}, this process
 
 
+TRACEPOINT_ARGS = "(tracepoint args)"   # member_offsets: (TRACEPOINT_ARGS, tp) -> its argument count
+
+
 def member_offsets(path: str, members, cache_dir: str | None = "default") -> list[int]:
     """Byte offsets of each (struct, dotted member path) in the BTF at path,
     as Btf.member_offset gives them, remembered by the blob's sha256 in this
@@ -397,7 +421,8 @@ def member_offsets(path: str, members, cache_dir: str | None = "default") -> lis
     if missing:
         btf = Btf.load(path)
         for n, st, m in missing:
-            known[n] = btf.member_offset(st, m)
+            known[n] = (btf.tracepoint_args(m) if st == TRACEPOINT_ARGS
+                        else btf.member_offset(st, m))
         if file:
             tmp = f"{file}.{os.getpid()}.tmp"
             try:

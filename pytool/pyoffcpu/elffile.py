@@ -382,6 +382,26 @@ class ElfFile:
         stream.seek(sec.offset)
         return stream.read(sec.size)
 
+    def needed(self, stream) -> List[str]:
+        """DT_NEEDED names from .dynamic (and the string table it links)."""
+        idx = next((i for i, sec in enumerate(self.sections) if sec.type == "SHT_DYNAMIC"), None)
+        if idx is None:
+            return []
+        try:
+            dyn = self._section_data(stream, idx)
+            strtab = self._section_data(stream, self.sections[idx].link)
+        except _PARSE_ERRORS:
+            return []
+        fmt = ("<" if self.little_endian else ">") + ("qQ" if self.elfclass == 64 else "iI")
+        out = []
+        for tag, val in struct.iter_unpack(fmt, dyn[:len(dyn) - len(dyn) % struct.calcsize(fmt)]):
+            if tag == 0:                # DT_NULL
+                break
+            if tag == 1 and val < len(strtab):  # DT_NEEDED
+                end = strtab.find(b"\0", val)
+                out.append(strtab[val:end if end >= 0 else len(strtab)].decode("utf-8", "replace"))
+        return out
+
     def _tables(self) -> Dict[int, List[RawSymbol]]:
         if self._symtabs is None:
             raise RuntimeError("symbols not loaded (ElfCache.get(..., symbols=True))")
@@ -571,6 +591,23 @@ class ElfCache:
         """``ElfFile.defined`` of the file at ``path``; {} when unreadable."""
         elf = self.get(path, symbols=True)
         return elf.defined(names) if elf is not None else {}
+
+    def needed(self, path: str) -> List[str]:
+        """The DT_NEEDED libraries of the file at ``path`` ([]: none, not
+        ELF, unreadable), read once per file identity."""
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return []
+        with f:
+            ident = identify(f)
+            if ident is None:
+                return []
+            key = ("needed", ".dynamic", ident)
+            if key not in self._derived:
+                elf = self._get(ident, f, False)
+                self._derived[key] = elf.needed(f) if elf is not None else []
+            return self._derived[key]
 
     def section_data(self, path: str, name: str) -> bytes:
         """The bytes of the first section called ``name`` (b"": none, no

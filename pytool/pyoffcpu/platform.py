@@ -65,6 +65,7 @@ class Platform:
     task_pid_offset: int = -1
     task_tgid_offset: int = -1
     task_exec_offset: int = -1      # se.sum_exec_runtime
+    exit_group_dead: bool = False   # sched_process_exit says when a process's last thread exits
 
 
 def probe() -> Platform:
@@ -74,13 +75,14 @@ def probe() -> Platform:
         raise ProfilerError("this kernel has no BPF support", "pyoffcpu needs Linux >= 5.8 with BPF")
     if not os.path.exists(BTF_PATH):
         raise ProfilerError(f"no kernel BTF at {BTF_PATH}", "pyoffcpu needs a kernel built with CONFIG_DEBUG_INFO_BTF")
-    from .btf import BtfError, member_offsets
+    from .btf import TRACEPOINT_ARGS, BtfError, member_offsets
     try:
         offs = member_offsets(BTF_PATH, [("task_struct", f) for f in
-                                         ("thread.fsbase", "pid", "tgid", "se.sum_exec_runtime")])
+                                         ("thread.fsbase", "pid", "tgid", "se.sum_exec_runtime")]
+                              + [(TRACEPOINT_ARGS, "sched_process_exit")])
     except (BtfError, OSError) as e:
         raise ProfilerError(f"cannot read task_struct's fsbase, pid and tgid from BTF: {e}",
                             "x86_64 kernels with BTF only") from None
     ensure_tracefs()
     return Platform(task_fsbase_offset=offs[0], task_pid_offset=offs[1], task_tgid_offset=offs[2],
-                    task_exec_offset=offs[3])
+                    task_exec_offset=offs[3], exit_group_dead=offs[4] >= 2)

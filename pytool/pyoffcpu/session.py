@@ -191,6 +191,7 @@ class Session:
             f"-DTASK_PID_OFF={p.task_pid_offset}",
             f"-DTASK_TGID_OFF={p.task_tgid_offset}",
             f"-DTASK_EXEC_OFF={p.task_exec_offset}",
+            f"-DEXIT_GROUP_DEAD={int(p.exit_group_dead)}",
             f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
             f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
@@ -266,8 +267,8 @@ class Session:
         tgt = self.targets.get(raw.tgid)
         if tgt is None and self.opts.follow:
             # a child BPF registered at its fork, before the loop took it in
-            # (the fork bumped exec_total before any stack of the child)
-            self.targets.check_execs()
+            # (the fork is in the life log before any stack of the child)
+            self.targets.check_life()
             tgt = self.targets.get(raw.tgid)
         infos = python = None
         if tgt is not None and tgt.reader is not None and raw.epoch == tgt.epoch:
@@ -791,7 +792,8 @@ class Session:
         targets = self.targets = Targets(self.bpf, rec, self.unwinder,
                                          lambda pids: self._write_control(targets=pids),
                                          select=select, self_pid=os.getpid(), follow=o.follow,
-                                         on_python=self._fix_blocked if o.mode != "cpu" else None)
+                                         on_python=self._fix_blocked if o.mode != "cpu" else None,
+                                         exit_events=self.platform.exit_group_dead)
         self._write_control(self_tgid=os.getpid(), discover=int(o.system_wide and o.filtered),
                             follow=int(o.follow))
         launched = None

@@ -7,14 +7,17 @@ keeps them true while the recording runs:
 
 - detection: the interpreter of a process, looked for again while a
   launched command has not mapped it yet;
-- exec (`sched_process_exec` bumps `exec_total` and `execs`): the process is
-  a new image, walked natively until it is detected again, under a new epoch,
-  so no stack of the old image is read with the new image's rules or back;
+- BPF's life log (an mmap-ed ring, `life_log`: exec, followed fork, exit, in
+  the order they happened), read at every turn of the main loop;
+- exec: the process is a new image, walked natively until it is detected
+  again, under a new epoch, so no stack of the old image is read with the
+  new image's rules or back;
 - its address space: /proc/PID/maps snapshots, for the symbolizer and the
   native unwinder's tables, taken again when BPF meets code in no known
   mapping and every half second;
-- its end: a target whose process is gone is retired, and the recording
-  ends when every target has.
+- its end: a target whose process exits is retired at once (its exit is in
+  the log; a look at /proc every LIVENESS_S backs that up), and the
+  recording ends when every target has.
 
 The session owns BPF (compile, attach, drain) and the accounting; it asks
 this stage for the targets and tells it when to look again (poll).
@@ -34,7 +37,8 @@ from .cpython.code import CodeReader
 from .memory import MemoryError_, ProcessMemory
 from .procfs import ns_id, process_alive, read_text, stat_fields
 
-SNAPSHOT_S = 0.5                # maps, comm and liveness of every target read again
+SNAPSHOT_S = 0.5                # maps and comm of every target read again
+LIVENESS_S = 5.0                # ... and whether it lives, where exits are in the life log
 LAUNCH_WAIT_S = 3.0             # a launched command's time to map its interpreter
 RETRY_FIRST_S = 0.005           # ... looked for again after 5 ms, then half the time it has waited
 RETRY_MAX_S = 0.1               # (at most 100 ms): found within 1.5 times its start-up
@@ -122,7 +126,8 @@ class Target:
 class Targets:
     def __init__(self, bpf, rec, unwinder, write_targets: Callable[[List[int]], None],
                  select: Optional[Select] = None, self_pid: int = 0, follow: bool = False,
-                 on_python: Optional[Callable[[Target], None]] = None):
+                 on_python: Optional[Callable[[Target], None]] = None,
+                 exit_events: bool = False):
         """bpf: the loaded programs; rec: the Recording (interpreters, address
         spaces, names and notices go there); unwinder: the native unwinder or
         None; write_targets(pids): puts the target list into BPF's control;
@@ -130,7 +135,9 @@ class Targets:
         without filters, from their first samples); self_pid: never taken;
         follow: --subprocesses, the processes the targets start are targets
         (BPF registers them at their fork, `forks` says so); on_python(tgt):
-        called once a target is registered with its interpreter."""
+        called once a target is registered with its interpreter;
+        exit_events: the life log has every exit (the kernel says which
+        thread is a process's last), /proc is looked at only as a backup."""
         self.bpf = bpf
         self.rec = rec
         self.unwinder = unwinder
@@ -147,9 +154,14 @@ class Targets:
         self.not_python = 0                 # -a: processes found without an interpreter
         self.left_out = 0                   # ... of them not taken (--python-only)
         self._execs: Dict[int, int] = {}
-        self._exec_total = None             # (fd, key, leaf) of exec_total, made at first use
-        self._exec_total_seen = 0
-        self._last_snapshot = time.monotonic()
+        self._life = None                   # (lookup, fd, key, leaf, log) made at first use
+        self._life_seen = 0                 # entries of the life log handled
+        self._batching = False
+        self._unsettled: List[tuple] = []   # (child, with its interpreter) to finish (_settle_later)
+        self.life_resyncs = 0               # times the log went round between two looks
+        self.exits_seen = 0                 # targets retired at their exit in the log
+        self._liveness_s = LIVENESS_S if exit_events else SNAPSHOT_S
+        self._last_snapshot = self._last_liveness = time.monotonic()
 
     # -- the collection --------------------------------------------------------
     def new_epoch(self) -> int:
@@ -286,10 +298,16 @@ class Targets:
                 self.register(tgt)
                 if self.on_python is not None:
                     self.on_python(tgt)
-                for child in tgt.children_waiting:
-                    if child.waits_for is tgt and not child.exited:
-                        self._inherit(child, tgt)
+                nested, self._batching = self._batching, True     # all registered, then settled
+                try:
+                    for child in tgt.children_waiting:
+                        if child.waits_for is tgt and not child.exited:
+                            self._inherit(child, tgt)
+                finally:
+                    self._batching = nested
                 tgt.children_waiting = []
+                if not nested:
+                    self._settle_children()
             elif tgt.python.tss_key == -2:
                 tgt.settled = True
                 self.rec.notices.extend(tgt.python.notices)
@@ -298,7 +316,8 @@ class Targets:
             self.rec.notices.append(f"process {pid}: {e}; profiling native stacks only")
         except (detect.NotPython, MemoryError_, OSError):
             waited = time.monotonic() - tgt.first_seen
-            if not tgt.launched or waited > LAUNCH_WAIT_S or not process_alive(pid):
+            if not tgt.launched or waited > LAUNCH_WAIT_S or not process_alive(pid) or (
+                    self.select is not None and not detect.may_become_python(pid)):
                 tgt.settled = True
                 if self.select is not None:
                     self.not_python += 1
@@ -309,52 +328,101 @@ class Targets:
                 self.rec.notices.append(
                     f"process {pid} ({comm}) is not a Python process: profiling native stacks only")
 
-    def check_execs(self):
-        """A target that called exec is a new image: BPF walks it natively
-        until it is detected and registered again, under a new epoch.  This
-        polls one array element; the execs map (a hash map, whose iteration
-        walks every bucket) is read only when it changed."""
-        total = self._exec_total
-        if total is None:
+    def check_life(self):
+        """What BPF's life log says happened since the last look, in order:
+        execs, forks of followed targets, exits.  If the ring went round
+        meanwhile (more than half of it is new) or an entry was rewritten
+        while read, every process is looked at again instead (_resync):
+        exact either way."""
+        if self._life is None:
+            import mmap
             from .bpfload import lookup_elem
-            table = self.bpf["exec_total"]
-            total = self._exec_total = (lookup_elem, table.map_fd, table.Key(0), table.Leaf())
-        lookup, fd, key, leaf = total
+            total, log = self.bpf["life_total"], self.bpf["life_log"]
+            size = -(-log.max_entries * ctypes.sizeof(log.Leaf) // mmap.PAGESIZE) * mmap.PAGESIZE
+            self._life = (lookup_elem, total.map_fd, total.Key(0), total.Leaf(),
+                          mmap.mmap(log.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ),
+                          log.max_entries, ctypes.sizeof(log.Leaf))
+        lookup, fd, key, leaf, log, n, esize = self._life
         lookup(fd, key, leaf)
-        if leaf.value == self._exec_total_seen:
+        total = leaf.value
+        i = self._life_seen
+        if total == i:
             return
-        self._exec_total_seen = leaf.value
-        if self.follow:
-            self._check_forks()
-        for pid, n in self._pairs("execs").items():
-            if self._execs.get(pid, 0) == n:
-                continue
-            self._execs[pid] = n
-            tgt = self.by_pid.get(pid)
-            if tgt is not None and not tgt.exited and tgt.start_ticks and \
-                    start_ticks(pid) == tgt.start_ticks:
-                # the same process, a new program
-                tgt.epoch = self.new_epoch()
-                tgt.forget_image()
-                self.register(tgt)
-                self.snapshot(tgt, reload=True)
-                self.find_python(tgt)
-                continue
-            if tgt is not None:
-                # its process is gone and the PID is another's (BPF stopped
-                # walking it with the old registration at the fork)
-                self.retire(tgt)
-            if self.select is not None:
-                self.discover(pid, launched=True)
+        if total - i > n // 2:
+            self._resync(total)
+            return
+        self._batching = True
+        try:
+            self._read_log(log, n, esize, i, total)
+        finally:
+            self._batching = False
+        self._settle_children()
 
-    def _check_forks(self):
-        """--subprocesses: the children BPF registered at their fork."""
-        for child, v in self._pairs("forks").items():
-            parent, parent_execs = v & 0xffffffff, v >> 32
-            if child in self._forks_seen:
-                continue
-            self._forks_seen.add(child)
-            self.add_child(child, parent, parent_execs)
+    def _read_log(self, log, n: int, esize: int, i: int, total: int):
+        entry = bpfdefs.struct_type("life_event")
+        while i < total:
+            off = (i % n) * esize
+            e = entry.from_buffer_copy(log, off)
+            seq, kind, tgid, arg = e.seq, e.kind, e.tgid, e.arg
+            if seq != i + 1:
+                if seq == 0 or seq <= i:
+                    break               # being written: read it at the next look
+                self._resync(total)     # rewritten: the ring went round
+                return
+            if struct.unpack_from("<Q", log, off)[0] != seq:
+                self._resync(total)     # rewritten while read
+                return
+            i += 1
+            self._life_seen = i
+            if kind == bpfdefs.LIFE_EXEC:
+                self._on_exec(tgid, arg)
+            elif kind == bpfdefs.LIFE_FORK:
+                self._on_fork(tgid, arg & 0xffffffff, arg >> 32)
+            elif kind == bpfdefs.LIFE_EXIT:
+                tgt = self.by_pid.get(tgid)
+                if tgt is not None and not tgt.retired:
+                    self.exits_seen += 1
+                    self.retire(tgt)
+
+    def _resync(self, total: int):
+        """The log lost entries: every exec count and fork BPF keeps in its
+        maps, and every target's liveness, read again."""
+        self.life_resyncs += 1
+        self._life_seen = total
+        if self.follow:
+            for child, v in self._pairs("forks").items():
+                self._on_fork(child, v & 0xffffffff, v >> 32)
+        for pid, n in self._pairs("execs").items():
+            self._on_exec(pid, n)
+        self._check_liveness()
+
+    def _on_exec(self, pid: int, n: int):
+        if self._execs.get(pid, 0) == n:
+            return
+        self._execs[pid] = n
+        tgt = self.by_pid.get(pid)
+        if tgt is not None and not tgt.exited and tgt.start_ticks and \
+                start_ticks(pid) == tgt.start_ticks:
+            # the same process, a new program
+            tgt.epoch = self.new_epoch()
+            tgt.forget_image()
+            self.register(tgt)
+            self.snapshot(tgt, reload=True)
+            self.find_python(tgt)
+            return
+        if tgt is not None:
+            # its process is gone and the PID is another's (BPF stopped
+            # walking it with the old registration at the fork)
+            self.retire(tgt)
+        if self.select is not None:
+            self.discover(pid, launched=True)
+
+    def _on_fork(self, child: int, parent: int, parent_execs: int):
+        """--subprocesses: a child BPF registered at its fork."""
+        if child in self._forks_seen:
+            return
+        self._forks_seen.add(child)
+        self.add_child(child, parent, parent_execs)
 
     def add_child(self, pid: int, ppid: int, parent_execs: int) -> Optional[Target]:
         """A process a target forked: a copy of the parent's image (if the
@@ -376,7 +444,8 @@ class Targets:
             pass
         if not tgt.epoch:
             tgt.epoch = self.new_epoch()
-        self.snapshot(tgt)
+        # Registered first, its mappings read after (_settle_later); BPF
+        # walks it with the entry it copied from the parent meanwhile.
         if parent is not None and not parent.settled:
             # the parent's interpreter is still being looked for: the child
             # takes it when it is found (Targets.find_python), not a search of its own
@@ -390,6 +459,7 @@ class Targets:
             self.find_python(tgt)
             if not tgt.settled:
                 self.register(tgt)      # native stacks until its interpreter is found
+        self._settle_later(tgt)
         return tgt
 
     def _inherit(self, tgt: Target, parent: Target):
@@ -406,15 +476,36 @@ class Targets:
             except (MemoryError_, OSError):
                 tgt.python = tgt.reader = None
         self.register(tgt)
-        if tgt.reader is not None and self.on_python is not None:
-            self.on_python(tgt)
+        self._settle_later(tgt, python=True)
+
+    def _settle_later(self, tgt: Target, python: bool = False):
+        """A child's mappings (and, with its interpreter, on_python: its
+        blocked threads are walked with its tables) once every child the
+        log names is registered: a child maps what its parent loaded since
+        the parent's last snapshot, and parsing those files takes a while,
+        during which the children behind it would have no Python frames."""
+        if not any(t is tgt for t, _ in self._unsettled):
+            self._unsettled.append((tgt, python))
+        elif python:
+            self._unsettled = [(t, p or t is tgt) for t, p in self._unsettled]
+        if not self._batching:
+            self._settle_children()
+
+    def _settle_children(self):
+        while self._unsettled:
+            tgt, python = self._unsettled.pop(0)
+            if tgt.exited:
+                continue
+            self.snapshot(tgt)
+            if python and tgt.reader is not None and self.on_python is not None:
+                self.on_python(tgt)
 
     def poll(self, now: float, sampled: Optional[set] = None):
         """The main loop's turn: execs, interpreters still to find, mappings
         BPF could not place; every SNAPSHOT_S the maps and liveness of all
         (under -a the maps of those in `sampled` only, the processes the last
         drain had samples of: the others have no addresses to name)."""
-        self.check_execs()
+        self.check_life()
         for tgt in self:
             if not tgt.settled and now >= tgt.next_try:
                 self.find_python(tgt)
@@ -427,21 +518,24 @@ class Targets:
                 tgt = self.by_pid.get(pid)
                 if tgt is not None and not tgt.exited:
                     self.snapshot(tgt)
+        if now - self._last_liveness >= self._liveness_s:
+            self._last_liveness = now
+            self._check_liveness()
         if now - self._last_snapshot >= SNAPSHOT_S:
             self._last_snapshot = now
             for tgt in self:
-                if tgt.exited:
-                    continue
-                now_ticks = start_ticks(tgt.pid)
-                if now_ticks and now_ticks == tgt.start_ticks:     # alive, and the same process
-                    if self.select is None or sampled is None or tgt.pid in sampled:
-                        self.snapshot(tgt)
-                else:
-                    self.retire(tgt)
+                if not tgt.exited and (self.select is None or sampled is None or tgt.pid in sampled):
+                    self.snapshot(tgt)
         if self.unwinder is not None:
             self.unwinder.collect()     # the tables of files no process maps now
         if self.select is not None and not self.select.filtered:
             self._discover_sampled()
+
+    def _check_liveness(self):
+        """Retire the targets whose process is gone or is another's now."""
+        for tgt in self:
+            if not tgt.exited and start_ticks(tgt.pid) != tgt.start_ticks:
+                self.retire(tgt)
 
     def all_exited(self) -> bool:
         return bool(self.by_pid) and all(t.exited for t in self)

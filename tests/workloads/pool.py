@@ -5,15 +5,20 @@ its CPU time; the parent waits in pool.map.
 
 DELAY: print `ready` and wait for SIGUSR1 (at most DELAY seconds) before
 the pool starts, so a profiler attached with -p has the parent registered
-before any worker is forked.
+before any worker is forked.  $POOL_SLEEP: seconds each worker sleeps in
+work() before it spins (0).
 """
 import multiprocessing
+import os
 import signal
 import sys
 import time
 
+SLEEP = float(os.environ.get("POOL_SLEEP", "0"))
+
 
 def work(seconds):
+    time.sleep(SLEEP)
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass                                    # WORK

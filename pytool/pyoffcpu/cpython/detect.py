@@ -152,6 +152,24 @@ def _old_version(path: str) -> Optional[Tuple[int, int, int]]:
     return max(counts, key=counts.get) if counts else None
 
 
+def may_become_python(pid: int) -> bool:
+    """Can this process's program be CPython once it has started: its
+    executable defines the runtime, or links a libpython?  False for the
+    shells, tools and servers an -a recording sees exec all the time, which
+    are then not looked at again and again while they start.  (A program
+    that dlopen()s libpython later, an embedding one, is found by its
+    samples instead.)"""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    real = proc_path(pid, exe)
+    if defined_symbols(real, ("_PyRuntime", "Py_GetVersion")):
+        return True
+    from ..elffile import default_cache
+    return any("python" in n for n in default_cache().needed(real))
+
+
 def find_python(pid: int, maps=None) -> PythonProcess:
     """Raises NotPython or Unsupported; returns the runtime, maybe with tss_key -1
     when the interpreter has not finished starting (call `refresh_tss` again)."""
