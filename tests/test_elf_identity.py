@@ -7,6 +7,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -174,6 +175,36 @@ def test_a_file_replaced_at_its_path_is_a_new_entry(tmp_path, built):
     # the old file's entry is still there, for whoever maps the old file
     assert "only_in_a" in _names(sym.elf_for_path(built["a"]))
     assert cache.parses == 2
+
+
+def test_a_file_rewritten_in_place_with_its_old_size_and_mtime_is_a_new_entry(tmp_path, built,
+                                                                           monkeypatch):
+    """The identity of an unchanged file is read once (fstat says it is the
+    same file); rewriting its bytes in place, same size, with its mtime set
+    back, still changes its ctime, which no program can set back.  A file
+    changed within the last second is read every time (file times have a
+    clock tick's grain)."""
+    assert os.path.getsize(built["big_a"]) == os.path.getsize(built["big_b"])
+    cache = ElfCache()
+    path = str(tmp_path / "prog")
+    shutil.copyfile(built["big_a"], path)
+    first = cache.get(path, symbols=True)
+    assert cache.get(path) is first and cache.identifies == 2     # just written: read again
+    monkeypatch.setattr(elffile, "STAT_SETTLED_NS", 0)            # as if it were old
+    cache.get(path)
+    for _ in range(5):
+        assert cache.get(path) is first
+    assert cache.identifies == 3
+    st = os.stat(path)
+    time.sleep(0.05)                    # past the tick of the last change
+    with open(built["big_b"], "rb") as src, open(path, "r+b") as dst:
+        dst.write(src.read())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns
+    second = cache.get(path, symbols=True)
+    assert second.identity != first.identity and cache.identifies == 4
+    with open(built["big_b"], "rb") as f:
+        assert second.identity == identify(f)
 
 
 def test_a_file_without_a_build_id_is_named_by_its_bytes(tmp_path, built):

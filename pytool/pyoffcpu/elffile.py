@@ -28,6 +28,7 @@ import hashlib
 import io
 import os
 import struct
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
@@ -55,6 +56,7 @@ IDENTITY_SPAN = 4096            # bytes of the head and of the tail in the ident
 _SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
 _PT_LOAD, _PT_NOTE = 1, 4
 _NT_GNU_BUILD_ID = 3
+STAT_SETTLED_NS = 1_000_000_000        # see ElfCache._by_stat
 _PARSE_ERRORS = (OSError, ELFError, ValueError, struct.error, AssertionError,
                  OverflowError, IndexError, KeyError)
 
@@ -492,6 +494,14 @@ class ElfCache:
         self._derived: Dict[tuple, object] = {}
         self._vdso: Optional[Tuple[bytes, ElfFile]] = None
         self._vdso_read = False
+        # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of an open file
+        # -> its identity: a file whose bytes change gets a new ctime (which
+        # no program can set back), so the same stat is the same file.  Only
+        # files changed more than STAT_SETTLED_NS ago are kept: file times
+        # have a clock tick's grain, and a write in the tick of the last
+        # change would leave the ctime as it was.
+        self._by_stat: Dict[tuple, Optional[FileIdentity]] = {}
+        self.identifies = 0             # identities computed (files read)
         self.parses = 0                 # ElfFile made (headers read)
         self.symbol_loads = 0           # symbol tables decoded
         self.vdso_reads = 0
@@ -499,11 +509,26 @@ class ElfCache:
     def __len__(self) -> int:
         return len(self._files)
 
+    def _identify_open(self, f) -> Optional[FileIdentity]:
+        """identify(f), read once per file as fstat tells files apart."""
+        try:
+            st = os.fstat(f.fileno())
+        except (OSError, ValueError):
+            return identify(f)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key in self._by_stat:
+            return self._by_stat[key]
+        self.identifies += 1
+        ident = identify(f)
+        if time.time_ns() - st.st_ctime_ns > STAT_SETTLED_NS:
+            self._by_stat[key] = ident
+        return ident
+
     def identity(self, path: str) -> Optional[FileIdentity]:
         """The identity of the file at ``path`` now; None: not ELF, unreadable."""
         try:
             with open(path, "rb") as f:
-                return identify(f)
+                return self._identify_open(f)
         except OSError:
             return None
 
@@ -519,7 +544,7 @@ class ElfCache:
         except OSError:
             return None
         with f:
-            ident = identify(f)
+            ident = self._identify_open(f)
             if ident is None:
                 return None
             return self._get(ident, f, symbols)
@@ -600,7 +625,7 @@ class ElfCache:
         except OSError:
             return []
         with f:
-            ident = identify(f)
+            ident = self._identify_open(f)
             if ident is None:
                 return []
             key = ("needed", ".dynamic", ident)
@@ -625,7 +650,7 @@ class ElfCache:
         except OSError:
             return make(b"")
         with f:
-            ident = identify(f)
+            ident = self._identify_open(f)
             key = (kind, name, ident)
             if kind is not None and ident is not None and key in self._derived:
                 return self._derived[key]
