@@ -28,7 +28,10 @@ class _Procs(dict):
     def __delitem__(self, key):
         super().__delitem__(key.value)
 
+    readable = True
+
     def items(self):
+        assert self.readable, "unwind_procs read without --subprocesses"
         return list(super().items())
 
 
@@ -57,6 +60,7 @@ def _unwinder(monkeypatch):
 
 def test_a_table_goes_only_after_two_looks_find_no_process_referring_to_it(monkeypatch):
     u, look, writes = _unwinder(monkeypatch)
+    u.copies = True                     # --subprocesses: BPF copies entries
     maps = symbols.read_maps(os.getpid())
     assert u.update(1000, maps)
     files = set(u.loaded())
@@ -82,6 +86,24 @@ def test_a_table_goes_only_after_two_looks_find_no_process_referring_to_it(monke
     assert len(u._free_slots) == _Slots.max_entries
     # a file mapped again afterwards gets its table again
     assert u.update(1003, maps) and set(u.loaded()) == files and u.rows_loaded == rows
+
+
+def test_without_copies_the_counts_alone_free_and_the_kernel_map_is_not_read(monkeypatch):
+    u, look, writes = _unwinder(monkeypatch)
+    u._procs.readable = False
+    maps = symbols.read_maps(os.getpid())
+    u.update(1000, maps)
+    u.update(1001, maps)
+    files = set(u.loaded())
+    u.forget(1000)
+    assert look() == 0 and look() == 0 and set(u.loaded()) == files    # 1001 uses them
+    # 1001's entry is gone from the kernel (BPF deleted it at an exec): the
+    # count still holds the tables until user space forgets the process
+    del u._procs[u._procs.Key(1001)]
+    assert look() == 0 and look() == 0 and set(u.loaded()) == files
+    u.forget(1001)
+    assert look() == 0 and look() == len(files) and u.loaded() == []
+    assert u.kernel_looks == 0
 
 
 def test_a_table_referred_to_again_between_the_looks_stays(monkeypatch):

@@ -100,7 +100,14 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
 
     if sum((bool(pids), bool(command), all_)) != 1:
         raise click.UsageError("give one of -p PID, -a, or a command after --")
-    filtered = match is not None or uid is not None or python_only
+    if match is not None:
+        import re
+        try:
+            re.compile(match)
+        except re.error as e:
+            raise click.UsageError(f"--match: not a regular expression: {e}")
+    from .targets import Select
+    filtered = Select(match, uid, python_only).filtered
     if filtered and not all_:
         raise click.UsageError("--match, --uid and --python-only select processes for -a")
     if subprocesses and all_:
@@ -110,12 +117,6 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
         raise click.UsageError(f"--mode {mode} -a needs a filter (--match, --uid or --python-only): "
                                "a capture at every switch of every thread costs too much; "
                                "or use --mode cpu")
-    if match is not None:
-        import re
-        try:
-            re.compile(match)
-        except re.error as e:
-            raise click.UsageError(f"--match: not a regular expression: {e}")
     for pid in pids:
         if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
             fail(f"no such process: {pid}", "check the PID with `ps`")

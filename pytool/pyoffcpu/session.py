@@ -63,7 +63,8 @@ class Options:
 
     @property
     def filtered(self) -> bool:
-        return self.match is not None or self.uid is not None or self.python_only
+        """-a with a filter (targets.Select says what a filter is)."""
+        return Select(self.match, self.uid, self.python_only).filtered
 
     @property
     def every_process(self) -> bool:
@@ -233,6 +234,7 @@ class Session:
         try:
             self.unwinder = unwind_loader.NativeUnwinder(
                 self.bpf, tables=unwind_loader.tables_on(self._unwind_cflags))
+            self.unwinder.copies = o.follow     # BPF copies a parent's entry to its child
             self.unwinder.load_programs(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"))
         except Exception as e:
             if self.unwinder is not None:

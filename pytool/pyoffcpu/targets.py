@@ -68,7 +68,7 @@ class Select:
 
     def __init__(self, match: Optional[str] = None, uid: Optional[int] = None,
                  python_only: bool = False):
-        self.pattern = re.compile(match) if match else None
+        self.pattern = re.compile(match) if match is not None else None
         self.uid = uid
         self.python_only = python_only
 
@@ -160,6 +160,7 @@ class Targets:
         self._unsettled: List[tuple] = []   # (child, with its interpreter) to finish (_settle_later)
         self.life_resyncs = 0               # times the log went round between two looks
         self.exits_seen = 0                 # targets retired at their exit in the log
+        self._tried: Dict[int, int] = {}    # -a: unregistered pid -> its sample count when tried
         self._liveness_s = LIVENESS_S if exit_events else SNAPSHOT_S
         self._last_snapshot = self._last_liveness = time.monotonic()
 
@@ -609,8 +610,11 @@ class Targets:
     def _discover_sampled(self):
         """-a without filters: BPF counts the samples of processes it has no
         entry for; each is taken (and registered, which ends its count)."""
-        for pid in self._unregistered():
-            if pid not in self.by_pid:
+        for pid, n in self._unregistered().items():
+            # a process not taken (gone, or left out) is tried again only
+            # when it has new samples: it lives, or its PID is another's
+            if pid not in self.by_pid and self._tried.get(pid) != n:
+                self._tried[pid] = n
                 self.discover(pid)
 
     def _pairs(self, name: str) -> Dict[int, int]:

@@ -10,14 +10,17 @@ native stacks back.
   (dlopen).  `collect()` frees the tables no process refers to any more.
   `stack(hash)` returns a walked stack.
 
-Freeing is exact by construction: the references are read from
-`unwind_procs` itself (BPF copies a parent's entry to a child it follows,
-so user space's own bookkeeping would miss those), and a table is freed
-only when two looks at least COLLECT_S apart found no reference to it: a
-BPF program that read an entry before the first look has long finished,
-and what it wrote is seen by the second.  A slot that is cleared makes a
-lookup fail (no row: that frame is walked by frame pointer), never find
-another file's rows; the kernel frees the array once no program holds it.
+Freeing is exact by construction.  User space counts, per table, the
+processes whose entries it wrote with it; BPF only deletes entries (exec,
+exit, a reused PID), so the count is never short, except where BPF copies
+a parent's entry to a child it follows (--subprocesses, `copies`): there a
+table no written entry uses is freed only if `unwind_procs` itself has no
+entry that refers to it.  And a table goes only when two looks at least
+COLLECT_S apart found it unused: a BPF program that read an entry before
+the first look has long finished, and what it wrote is seen by the second.
+A slot that is cleared makes a lookup fail (no row: that frame is walked
+by frame pointer), never find another file's rows; the kernel frees the
+array once no program holds it.
 """
 from __future__ import annotations
 
@@ -114,6 +117,10 @@ class NativeUnwinder:
         self._free_slots: List[int] = []
         self._unreferenced: set = set()     # keys no entry referred to at the last look
         self._changed = False           # entries written or deleted since the last look
+        self._users: Dict[int, set] = {}        # slot -> pids whose entry user space wrote with it
+        self._slots_of: Dict[int, set] = {}     # pid -> the slots of its entry
+        self.copies = False             # BPF copies entries (follow_child): look at them too
+        self.kernel_looks = 0
         self._looked = 0.0
         self._misses_seen: Dict[int, int] = {}
         self._misses_checked = 0.0
@@ -199,15 +206,19 @@ class NativeUnwinder:
         if self._files is None:
             return 0
         now = time.monotonic()
-        if now - self._looked < (COLLECT_S if (self._changed or self._unreferenced or force)
-                                 else COLLECT_IDLE_S):
+        busy = self._changed or self._unreferenced or force
+        if now - self._looked < COLLECT_S or not (busy or self.copies and
+                                                  now - self._looked >= COLLECT_IDLE_S):
             return 0
         self._looked, self._changed = now, False
-        referenced = set()
-        for _, v in self._procs.items():
-            referenced.update(v.maps[i].file for i in range(min(v.n, MAX_UNWIND_MAPS)))
         unreferenced = {k for k, lo in self._objects.items()
-                        if lo is not None and lo.slot not in referenced}
+                        if lo is not None and lo.slot >= 0 and not self._users.get(lo.slot)}
+        if unreferenced and self.copies:
+            self.kernel_looks += 1
+            referenced = set()
+            for _, v in self._procs.items():
+                referenced.update(v.maps[i].file for i in range(min(v.n, MAX_UNWIND_MAPS)))
+            unreferenced = {k for k in unreferenced if self._objects[k].slot not in referenced}
         freed = 0
         for k in unreferenced & self._unreferenced:
             lo = self._objects.pop(k)
@@ -216,6 +227,7 @@ class NativeUnwinder:
             except KeyError:
                 pass
             self._free_slots.append(lo.slot)
+            self._users.pop(lo.slot, None)
             self.rows_loaded -= lo.entries
             freed += 1
         self.tables_freed += freed
@@ -302,12 +314,26 @@ class NativeUnwinder:
             me.start, me.end, me.base = start, end, base & 0xFFFFFFFFFFFFFFFF
             me.file, me.npages, me.nrows, me.page_shift = t.slot, t.npages, t.nrows, t.page_shift
         self._changed = True
+        old = self._slots_of.get(pid, set())
+        new = {t.slot for _, _, _, t, _ in entries if t.slot >= 0}
         try:
             self._procs[self._procs.Key(pid)] = leaf
         except Exception:               # map full (MAX_UNWIND_PROCS): frame pointers
             self.procs_full += 1
+            self._use(pid, old | new)   # whichever entry the kernel has
             return False
+        self._use(pid, new)
         return True
+
+    def _use(self, pid: int, slots: set) -> None:
+        """pid's entry refers to these slots now."""
+        old = self._slots_of.pop(pid, set())
+        for s in old - slots:
+            self._users.get(s, set()).discard(pid)
+        for s in slots - old:
+            self._users.setdefault(s, set()).add(pid)
+        if slots:
+            self._slots_of[pid] = slots
 
     def missed(self, min_interval: float = 0.1) -> List[int]:
         """Processes whose stacks reached code in no known mapping since the
@@ -365,6 +391,7 @@ class NativeUnwinder:
     def forget(self, pid: int) -> None:
         self._proc_keys.pop(pid, None)
         self._regions.pop(pid, None)
+        self._use(pid, set())
         self._changed = True
         if self._procs is None:
             return
