@@ -17,6 +17,8 @@
  *   KERNEL_STACKS         1 to capture kernel stacks
  *   SYSTEM_WIDE           1 to take every process, not only those in `procs`
  *   EXIT_GROUP_DEAD       1 if sched_process_exit passes group_dead (BTF)
+ *   SYS_REGS_IP_OFF, SYS_REGS_CS_OFF, SYS_REGS_ORIG_AX_OFF   pt_regs offsets (BTF), for
+ *                         the system call a thread blocks in (none: not told)
  *   NATIVE_UNWIND         1 to walk user stacks with .eh_frame tables (bpf/unwind.h;
  *                         0: frame pointers, through the same finishing programs)
  * Kernel structs are never dereferenced by type: the headers bcc compiles
@@ -440,6 +442,38 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     return 0;
 }
 
+/* The system call the current thread is blocked in, for the high bits of
+ * an off-CPU key's kind: its number + 1; SYS_OUTSIDE when the thread is in
+ * none (its user pc does not follow a `syscall` instruction: it entered the
+ * kernel by a fault or an interrupt, where orig_ax holds an error code);
+ * 0 when that cannot be told (no user registers: a kernel thread).  pt_regs
+ * offsets from BTF (-DSYS_REGS_*_OFF). */
+static __always_inline u32 current_syscall(void)
+{
+#ifdef SYS_REGS_ORIG_AX_OFF
+    struct task_struct *task = bpf_get_current_task_btf();
+    u64 regs = bpf_task_pt_regs(task);
+    if (!regs)
+        return 0;
+    u64 ip = 0, cs = 0;
+    s64 nr = -1;
+    if (bpf_probe_read_kernel(&ip, 8, (void *)(regs + SYS_REGS_IP_OFF)) != 0 ||
+        bpf_probe_read_kernel(&cs, 8, (void *)(regs + SYS_REGS_CS_OFF)) != 0 ||
+        bpf_probe_read_kernel(&nr, 8, (void *)(regs + SYS_REGS_ORIG_AX_OFF)) != 0)
+        return 0;
+    if ((cs & 3) != 3 || ip < 2)
+        return 0;
+    u16 insn = 0;
+    if (bpf_probe_read_user(&insn, 2, (void *)(ip - 2)) != 0)
+        return 0;
+    if (insn != 0x050f || nr < 0 || nr >= SYS_OUTSIDE - 1)     /* 0f 05: syscall */
+        return SYS_OUTSIDE;
+    return (u32)nr + 1;
+#else
+    return 0;
+#endif
+}
+
 static __always_inline u32 off_cpu_kind(u64 preempt, u64 state)
 {
     if (preempt || state == 0)      /* preempted, or yielded: still runnable */
@@ -659,7 +693,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         return 0;
     struct stack_key *key = &us->key;
     __builtin_memset(key, 0, sizeof(*key));
-    key->kind = off_cpu_kind(ctx->args[0], state);
+    key->kind = off_cpu_kind(ctx->args[0], state) | (current_syscall() << SYS_SHIFT);
     us->ts = now;
     capture(ctx, key, tgid, prev, 1);
     unwind_tp_progs.call(ctx, 1);       /* memo_tp */

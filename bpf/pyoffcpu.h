@@ -81,6 +81,11 @@ struct pystack {
 #define KIND_RUNQUEUE       2       /* preempted while runnable */
 #define KIND_UNINTERRUPTIBLE 3      /* prev_state D */
 #define KIND_OTHER          4
+/* Off-CPU keys keep the system call the thread blocked in above the low
+ * byte of kind: its number + 1, SYS_OUTSIDE when the thread was in none (a
+ * page fault), 0 when it has no user registers (pytool/pyoffcpu/reasons.py). */
+#define SYS_SHIFT           8
+#define SYS_OUTSIDE         0xFFFF
 
 struct stack_key {
     unsigned int tgid;

@@ -119,7 +119,7 @@ def test_signal_ends_the_recording_and_writes_the_profile(tmp_path, bpf, sig):
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     text = out.read_text()
-    assert "cpu_work" in text and "[off-cpu]" in text
+    assert "cpu_work" in text and "[off-cpu: sleep]" in text
 
 
 # -- a write that fails after the recording keeps the profile ---------------------

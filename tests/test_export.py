@@ -13,7 +13,7 @@ from pyoffcpu.export import (FORMATS, check_writable, format_for_path, write_pro
 from pyoffcpu.export.folded import render_folded
 from pyoffcpu.export.speedscope import render_speedscope
 from pyoffcpu.export.svg import render_svg
-from pyoffcpu.profile import (OFF_RUNQUEUE, OFF_SLEEP, OFF_UNINTERRUPTIBLE, TRUNCATED,
+from pyoffcpu.profile import (OFF_RUNQUEUE, OFF_SLEEP, OFF_DISK, TRUNCATED,
                               Profile, StackKey, from_folded, kernel_frame, native_frame,
                               python_frame)
 
@@ -35,18 +35,18 @@ def known_profile() -> Profile:
     p.add(StackKey(100, 101, (MAIN, NANOSLEEP, KSLEEP), OFF_SLEEP), 400)     # -> 1 (never 0)
     p.add(StackKey(100, 101, (TRUNCATED, WORK), OFF_RUNQUEUE), 400)
     p.add(StackKey(100, 100, (TRUNCATED, WORK), OFF_RUNQUEUE), 400)
-    p.add(StackKey(100, 100, (MAIN,), OFF_UNINTERRUPTIBLE), 999_499)
+    p.add(StackKey(100, 100, (MAIN,), OFF_DISK), 999_499)
     p.add(StackKey(200, 201, (native_frame("start_thread"),)), 7_000)     # thread without a name
     return p
 
 
 EXPECTED_FOLDED = """\
 process 100 python3;thread 100 MainThread;[truncated];work (app/cli.py:20);[off-cpu: runqueue] 1
-process 100 python3;thread 100 MainThread;main (app/cli.py:10);[off-cpu: uninterruptible] 999
-process 100 python3;thread 100 MainThread;main (app/cli.py:10);clock_nanosleep;do_nanosleep_[k];[off-cpu] 1
+process 100 python3;thread 100 MainThread;main (app/cli.py:10);[off-cpu: disk] 999
+process 100 python3;thread 100 MainThread;main (app/cli.py:10);clock_nanosleep;do_nanosleep_[k];[off-cpu: sleep] 1
 process 100 python3;thread 100 MainThread;main (app/cli.py:10);work (app/cli.py:20) 1500
 process 100 python3;thread 101 worker;[truncated];work (app/cli.py:20);[off-cpu: runqueue] 1
-process 100 python3;thread 101 worker;main (app/cli.py:10);clock_nanosleep;do_nanosleep_[k];[off-cpu] 1
+process 100 python3;thread 101 worker;main (app/cli.py:10);clock_nanosleep;do_nanosleep_[k];[off-cpu: sleep] 1
 process 100 python3;thread 101 worker;main (app/cli.py:10);work (app/cli.py:20) 3
 process 200 worker-proc;thread 201 ?;start_thread 7
 """
@@ -54,8 +54,8 @@ process 200 worker-proc;thread 201 ?;start_thread 7
 # Threads merged *before* rounding: 1_502_500 ns -> 1503, 1_899 -> 2, 800 -> 1.
 EXPECTED_FOLDED_NO_THREADS = """\
 process 100 python3;[truncated];work (app/cli.py:20);[off-cpu: runqueue] 1
-process 100 python3;main (app/cli.py:10);[off-cpu: uninterruptible] 999
-process 100 python3;main (app/cli.py:10);clock_nanosleep;do_nanosleep_[k];[off-cpu] 2
+process 100 python3;main (app/cli.py:10);[off-cpu: disk] 999
+process 100 python3;main (app/cli.py:10);clock_nanosleep;do_nanosleep_[k];[off-cpu: sleep] 2
 process 100 python3;main (app/cli.py:10);work (app/cli.py:20) 1503
 process 200 worker-proc;start_thread 7
 """
@@ -90,23 +90,26 @@ def test_folded_empty_profile():
 
 def test_folded_from_text_identity():
     text = ("process 7 app;thread 7 MainThread;a (x.py:1);b (x.py:2) 10\n"
-            "process 7 app;thread 8 T-1;a (x.py:1);[off-cpu] 5\n")
+            "process 7 app;thread 8 T-1;a (x.py:1);[off-cpu: lock] 5\n")
     assert render_folded(from_folded(text)) == text
     assert render_folded(from_folded(text), threads=False) == (
-        "process 7 app;a (x.py:1);[off-cpu] 5\n"
+        "process 7 app;a (x.py:1);[off-cpu: lock] 5\n"
         "process 7 app;a (x.py:1);b (x.py:2) 10\n")
+    # files of versions before reasons: a plain `[off-cpu]` reads as other
+    old = from_folded("process 7 app;thread 8 T-1;a (x.py:1);[off-cpu] 5\n")
+    assert [k.off_cpu for k in old.weights] == ["other"]
 
 
 # -- speedscope ---------------------------------------------------------------
 FRAMES = [
     {"name": "main", "file": "app/cli.py", "line": 10},
     {"name": "work", "file": "app/cli.py", "line": 20},
+    {"name": "[off-cpu: disk]"},
     {"name": "[truncated]"},
     {"name": "[off-cpu: runqueue]"},
     {"name": "clock_nanosleep"},
     {"name": "do_nanosleep_[k]"},
-    {"name": "[off-cpu]"},
-    {"name": "[off-cpu: uninterruptible]"},
+    {"name": "[off-cpu: sleep]"},
     {"name": "start_thread"},
 ]
 
@@ -128,9 +131,9 @@ def test_speedscope_per_thread():
         assert p["startValue"] == 0
         assert p["endValue"] == sum(p["weights"])
         assert len(p["samples"]) == len(p["weights"])
-    assert profs[0]["samples"] == [[0, 1], [2, 1, 3], [0, 4, 5, 6], [0, 7]]
-    assert profs[0]["weights"] == [1_500_000, 400, 1_499, 999_499]
-    assert profs[1]["samples"] == [[0, 1], [2, 1, 3], [0, 4, 5, 6]]
+    assert profs[0]["samples"] == [[0, 1], [0, 2], [3, 1, 4], [0, 5, 6, 7]]
+    assert profs[0]["weights"] == [1_500_000, 999_499, 400, 1_499]
+    assert profs[1]["samples"] == [[0, 1], [3, 1, 4], [0, 5, 6, 7]]
     assert profs[1]["weights"] == [2_500, 400, 400]
     assert profs[2]["samples"] == [[8]]
     assert profs[2]["weights"] == [7_000]
@@ -142,8 +145,8 @@ def test_speedscope_per_process():
     assert doc["shared"]["frames"] == FRAMES
     profs = doc["profiles"]
     assert [p["name"] for p in profs] == ["python3 (pid 100)", "worker-proc (pid 200)"]
-    assert profs[0]["samples"] == [[0, 1], [2, 1, 3], [0, 4, 5, 6], [0, 7]]
-    assert profs[0]["weights"] == [1_502_500, 800, 1_899, 999_499]
+    assert profs[0]["samples"] == [[0, 1], [0, 2], [3, 1, 4], [0, 5, 6, 7]]
+    assert profs[0]["weights"] == [1_502_500, 999_499, 800, 1_899]
     assert profs[0]["endValue"] == 1_502_500 + 800 + 1_899 + 999_499
     assert profs[1]["weights"] == [7_000]
 
@@ -200,7 +203,7 @@ def test_svg_well_formed_with_all_labels():
     expected = {"all", "process 100 python3", "process 200 worker-proc",
                 "thread 100 MainThread", "thread 201 ?",
                 "main (app/cli.py:10)", "work (app/cli.py:20)",
-                "[off-cpu: uninterruptible]",
+                "[off-cpu: disk]",
                 "<lambda> & \"q\" 'x' \u00fcn\u00efc\u00f6de \u2603 (a<b>.py:3)",
                 "bad\ufffdname\ufffd", "start_thread"}
     assert expected <= set(frames)
@@ -239,15 +242,15 @@ def test_svg_tooltip_numbers():
 
 
 def test_svg_colours():
-    text = ("process 1 app;thread 1 T;main (a.py:1);wait (a.py:2);[off-cpu] 400000\n"
+    text = ("process 1 app;thread 1 T;main (a.py:1);wait (a.py:2);[off-cpu: lock] 400000\n"
             "process 1 app;thread 1 T;main (a.py:1);spin (a.py:3) 300000\n"
             "process 1 app;thread 1 T;main (a.py:1);memcpy 100000\n"
             "process 1 app;thread 1 T;main (a.py:1);read;sys_read_[k] 100000\n"
-            "process 1 app;thread 1 T;main (a.py:1);read;sys_read_[k];[off-cpu: uninterruptible] 100000\n")
+            "process 1 app;thread 1 T;main (a.py:1);read;sys_read_[k];[off-cpu: disk] 100000\n")
     _, f = _frames(render_svg(from_folded(text)))
     fill = {k: v[2] for k, v in f.items()}
     # off-CPU only frames and markers are blue
-    for label in ("wait (a.py:2)", "[off-cpu]", "[off-cpu: uninterruptible]"):
+    for label in ("wait (a.py:2)", "[off-cpu: lock]", "[off-cpu: disk]"):
         assert _is_blue(fill[label]), (label, fill[label])
     # on-CPU and mixed frames are warm
     for label in ("main (a.py:1)", "spin (a.py:3)", "memcpy", "read", "sys_read_[k]"):

@@ -239,16 +239,18 @@ def test_a_container_is_found_with_its_frames_and_its_own_ids(tmp_path, bpf):
 
 def test_unwind_rows_are_shared_by_the_processes_of_one_interpreter(bpf):
     # the tables of a file are written once, however many processes map it:
-    # 30 processes of one interpreter and libc take the rows of one (<= 1.5x
+    # 100 processes of one interpreter and libc take the rows of one (<= 1.5x
     # allowed by the issue; a script of each own adds no executable mapping)
     from pyoffcpu import platform as plat
     from pyoffcpu.session import Options, Session
     py = python_or_skip("pyenv-3.12")
 
     def rows_for(n):
-        procs = [subprocess.Popen([py, "-c", "import time; time.sleep(60)"]) for _ in range(n)]
+        procs = [subprocess.Popen([py, "-c", "import time; print(1, flush=True); time.sleep(60)"],
+                                  stdout=subprocess.PIPE) for _ in range(n)]
         try:
-            time.sleep(0.5)
+            for p in procs:             # every one started (100 take a while on two cores)
+                p.stdout.readline()
             s = Session(Options(pids=[p.pid for p in procs], mode="cpu", duration=0.3), plat.probe())
             s.run()
             assert s.unwinder is not None
@@ -257,6 +259,6 @@ def test_unwind_rows_are_shared_by_the_processes_of_one_interpreter(bpf):
             for p in procs:
                 p.kill()
                 p.wait()
-    one, many = rows_for(1), rows_for(30)
-    print(f"\nunwind rows: 1 process {one}, 30 processes {many}")
+    one, many = rows_for(1), rows_for(100)
+    print(f"\nunwind rows: 1 process {one}, 100 processes {many}")
     assert one > 1000 and many <= 1.5 * one, (one, many)

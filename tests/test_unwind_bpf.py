@@ -197,14 +197,18 @@ def test_thread_waiting_for_the_gil_shows_take_gil(label, tmp_path, bpf):
         res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "3", "--mode", "off")
     finally:
         w.stop()
-    # asleep, not preempted (runqueue time is the machine being busy)
+    # asleep, not preempted (runqueue time is the machine being busy): the
+    # waits of a thread under take_gil, named gil
     asleep = {k: ns for k, ns in prof.weights.items()
-              if k.tid != w.pid and k.off_cpu == "sleep" and "spinner" in python_names(k)}
+              if k.tid != w.pid and k.off_cpu not in (None, "runqueue")
+              and "spinner" in python_names(k)}
     total = sum(asleep.values())
     gil = sum(ns for k, ns in asleep.items()
               if in_order(names(k), ["spinner"]) and any(n.startswith("take_gil") for n in names(k)))
     assert total > 0.5e9, res.stderr
     assert gil >= 0.9 * total, (gil / total, res.stderr)
+    assert all(k.off_cpu == "gil" for k in asleep
+               if any(n.startswith("take_gil") for n in names(k))), {k.off_cpu for k in asleep}
 
 
 def _has_debug_file(python):

@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 import time
-from typing import List, Optional
+from typing import Optional
 
 import click
 
@@ -18,6 +18,7 @@ Examples:
   sudo pyoffcpu -p 4242 -d 30 -o train.json      # 30 s, speedscope file
   sudo pyoffcpu -o boot.svg -- python3 app.py    # launch and profile to the end
   sudo pyoffcpu -p 4242 --mode off -o wait.folded  # blocked time only, folded text
+  sudo pyoffcpu -p 4242 --mode off --reasons lock,gil   # only waits for locks and the GIL
   sudo pyoffcpu -p 4242 --mode cpu -F 499 --kernel # on-CPU only, with kernel frames
   sudo pyoffcpu -a -d 10                 # every process on the machine, on-CPU
   sudo pyoffcpu -a --match 'train|serve' --mode wall -d 10   # wall-clock, selected ones
@@ -86,6 +87,9 @@ def fail(msg: str, todo: str = "", code: int = 1):
               help="Output file [default: pyoffcpu-<pid>-<YYYYmmdd-HHMMSS>.svg].")
 @click.option("--format", "fmt", type=click.Choice(["svg", "speedscope", "folded"]), default=None,
               help="Output format (default: from the extension).")
+@click.option("--reasons", "only_reasons", metavar="LIST", default=None,
+              help="Keep only the off-CPU time of these reasons, comma-separated (runqueue, "
+                   "sleep, lock, gil, io, poll, disk, page-fault, gpu, other); on-CPU time stays.")
 @click.option("--kernel", is_flag=True, help="Include kernel frames (suffix _[k]).")
 @click.option("--no-threads", is_flag=True, help="Merge all threads (no `thread` root frames).")
 @click.option("--full-paths", is_flag=True, help="Full source paths instead of sys.path-relative ones.")
@@ -93,10 +97,18 @@ def fail(msg: str, todo: str = "", code: int = 1):
               help="Keep every thread that ended under its own root (default: ended threads "
                    "that started in the same function fold into one `threads N ended` root).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt, kernel,
-           no_threads, full_paths, keep_tids, command):
+def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt,
+           only_reasons, kernel, no_threads, full_paths, keep_tids, command):
     """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
     from .export import check_writable, format_for_path
+    from .reasons import REASONS
+
+    if only_reasons is not None:
+        only_reasons = {r.strip() for r in only_reasons.split(",") if r.strip()}
+        unknown = sorted(only_reasons - set(REASONS))
+        if unknown or not only_reasons:
+            raise click.UsageError(f"--reasons: not a reason: {', '.join(unknown) or '(none given)'} "
+                                   f"(the reasons: {', '.join(REASONS)})")
 
     if sum((bool(pids), bool(command), all_)) != 1:
         raise click.UsageError("give one of -p PID, -a, or a command after --")
@@ -143,7 +155,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
                    system_wide=all_, match=match, uid=uid, python_only=python_only,
                    follow=subprocesses)
     try:
-        _record(opts, output, fmt, not no_threads, full_paths)
+        _record(opts, output, fmt, not no_threads, full_paths, only_reasons)
     except ProfilerError as e:
         click.echo(e.line(), err=True)
         sys.exit(1)
@@ -158,7 +170,8 @@ def _status_line(rec, elapsed: float):
     sys.stderr.flush()
 
 
-def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bool):
+def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bool,
+            only_reasons: Optional[set] = None):
     from . import platform as plat
     from .export import write_profile_or_fallback
     from .session import Session
@@ -189,6 +202,8 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     from .merge import build_profile
     ksyms = symbols.KernelSymbols.load() if opts.kernel else None
     prof, stats = build_profile(rec, symbols.Symbolizer(), ksyms)
+    if only_reasons is not None:
+        prof = prof.with_reasons(only_reasons)
     main_pid = opts.pids[0] if opts.pids else (min(rec.comms) if rec.comms and opts.command else 0)
     if output is None:
         who = "all" if opts.system_wide else main_pid

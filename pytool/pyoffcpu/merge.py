@@ -14,7 +14,8 @@ from typing import Dict, List, Optional, Tuple
 
 from . import profile as P
 from .bpfdefs import KIND_ONCPU, NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED
-from .session import KINDS, NO_STACK, UNSAMPLED, Recording
+from . import reasons
+from .session import NO_STACK, UNSAMPLED, Recording
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
 OWNER_GENERATOR = 1
@@ -258,7 +259,13 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
     for (tgid, tid, us, ks, ph, kind), (count, ns) in rec.stacks.items():
         frames = merger.frames_for(tgid, us, ks, ph, ns)
         tid = shown.get(tid, tid)
-        prof.add(P.StackKey(tgid, tid, frames, KINDS.get(kind, "other")), ns, count)
+        if kind == KIND_ONCPU:
+            reason = None
+            if reasons.gpu_spin(frames):
+                frames = tuple(frames) + (P.GPU_SPIN,)
+        else:
+            reason = reasons.classify(*reasons.split_kind(kind), frames)
+        prof.add(P.StackKey(tgid, tid, frames, reason), ns, count)
         prof.processes.setdefault(tgid, rec.comms.get(tgid, "?"))
         if kind != KIND_ONCPU:
             off_ns[tid] = off_ns.get(tid, 0) + ns

@@ -66,6 +66,7 @@ class Platform:
     task_tgid_offset: int = -1
     task_exec_offset: int = -1      # se.sum_exec_runtime
     exit_group_dead: bool = False   # sched_process_exit says when a process's last thread exits
+    pt_regs_offsets: tuple = ()     # (ip, cs, orig_ax): the system call a thread blocks in
 
 
 def probe() -> Platform:
@@ -83,6 +84,11 @@ def probe() -> Platform:
     except (BtfError, OSError) as e:
         raise ProfilerError(f"cannot read task_struct's fsbase, pid and tgid from BTF: {e}",
                             "x86_64 kernels with BTF only") from None
+    try:
+        regs = tuple(member_offsets(BTF_PATH, [("pt_regs", f) for f in ("ip", "cs", "orig_ax")]))
+    except (BtfError, OSError):
+        regs = ()                   # off-CPU reasons without the system call
     ensure_tracefs()
     return Platform(task_fsbase_offset=offs[0], task_pid_offset=offs[1], task_tgid_offset=offs[2],
-                    task_exec_offset=offs[3], exit_group_dead=offs[4] >= 2)
+                    task_exec_offset=offs[3], exit_group_dead=offs[4] >= 2,
+                    pt_regs_offsets=regs)

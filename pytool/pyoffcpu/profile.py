@@ -63,18 +63,18 @@ NOT_SAMPLED = Frame(FrameKind.MARKER, "[on-cpu: not sampled]")
 NO_STACK = Frame(FrameKind.MARKER, "[stack unknown]")
 # A Python stack whose frames never reached user space (lost events).
 PYTHON_LOST = Frame(FrameKind.MARKER, "[python frames lost]")
+# on-CPU inside a CUDA synchronize call: the driver spins until the GPU is done
+GPU_SPIN = Frame(FrameKind.MARKER, "[gpu-spin]")
 
-# Why a thread was off the CPU, from sched_switch's prev_state.
-OFF_SLEEP = "sleep"              # S: waiting for an event (sleep, lock, I/O readiness)
-OFF_RUNQUEUE = "runqueue"        # R: preempted, runnable, waiting for a CPU
-OFF_UNINTERRUPTIBLE = "uninterruptible"   # D: usually disk I/O or page faults
+# Why a thread was off the CPU (reasons.py has them all and the rules).
+OFF_SLEEP = "sleep"              # in time.sleep, nanosleep
+OFF_RUNQUEUE = "runqueue"        # preempted, runnable, waiting for a CPU
+OFF_DISK = "disk"                # uninterruptible (D) in a system call
 OFF_OTHER = "other"
 
 
 def off_cpu_marker(reason: str) -> Frame:
-    """`[off-cpu]` for plain blocking; the reason where it tells more."""
-    if reason == OFF_SLEEP:
-        return Frame(FrameKind.MARKER, "[off-cpu]")
+    """`[off-cpu: REASON]`, the innermost frame of an off-CPU stack."""
     return Frame(FrameKind.MARKER, f"[off-cpu: {reason}]")
 
 
@@ -177,13 +177,20 @@ class Profile:
             return info.root_label()
         return f"thread {tid}{ns_suffix(self.ns_ids.get(tid, 0))} {self.threads.get(tid, '?')}"
 
-    def filtered(self, keep_on_cpu: bool, keep_off_cpu: bool) -> "Profile":
+    def _keeping(self, keep) -> "Profile":
         out = Profile(self.meta, dict(self.processes), dict(self.threads), dict(self.thread_pid),
                       thread_info=dict(self.thread_info), ns_ids=dict(self.ns_ids))
         for key, ns in self.weights.items():
-            if (key.off_cpu is None and keep_on_cpu) or (key.off_cpu is not None and keep_off_cpu):
+            if keep(key):
                 out.add(key, ns, self.sample_counts.get(key, 1))
         return out
+
+    def filtered(self, keep_on_cpu: bool, keep_off_cpu: bool) -> "Profile":
+        return self._keeping(lambda k: keep_on_cpu if k.off_cpu is None else keep_off_cpu)
+
+    def with_reasons(self, reasons) -> "Profile":
+        """The on-CPU time and the off-CPU time of these reasons only."""
+        return self._keeping(lambda k: k.off_cpu is None or k.off_cpu in reasons)
 
     # -- the stacks as exporters print them ---------------------------------
     def labelled_stacks(self, threads: bool = True, full_paths: bool = False,
@@ -289,7 +296,7 @@ def from_folded(text: str) -> Profile:
         if labels:
             m = _OFF.match(labels[-1])
             if m:
-                off = m.group("reason") or OFF_SLEEP
+                off = m.group("reason") or OFF_OTHER     # `[off-cpu]`: files of earlier versions
                 labels = labels[:-1]
         key = StackKey(pid, tid or pid, tuple(parse_frame(lb) for lb in labels), off)
         prof.add(key, int(weight) * 1000)

@@ -31,10 +31,9 @@ from .unwind import loader as unwind_loader
 from .cpython.code import CodeInfo
 from .platform import Platform, ProfilerError
 from .procfs import ns_id, proc_state, read_text, rss_kib
+from . import reasons
 from .targets import Select, Targets
 
-KINDS = {bpfdefs.KIND_ONCPU: None, bpfdefs.KIND_SLEEP: "sleep", bpfdefs.KIND_RUNQUEUE: "runqueue",
-         bpfdefs.KIND_UNINTERRUPTIBLE: "uninterruptible", bpfdefs.KIND_OTHER: "other"}
 DROP_NAMES = bpfdefs.drop_names()
 TH = bpfdefs.TH
 NATIVE_ID_BASE = 1 << 20            # rec.ustacks ids of .eh_frame-walked stacks (bcc's are smaller)
@@ -196,7 +195,7 @@ class Session:
             f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
             f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
-        ]
+        ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX"), p.pt_regs_offsets)]
         from .platform import BTF_PATH
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
         cflags += self._unwind_cflags
@@ -997,7 +996,17 @@ def _fdinfo(fd: int) -> Dict[str, int]:
 
 
 def _state_kind(pid: int, tid: int) -> int:
-    """The kind of off-CPU time (KINDS) of a thread's state in /proc."""
+    """The kind of off-CPU time (bpfdefs.KIND_*) of a thread's state in /proc, with
+    the system call it is in (/proc/PID/task/TID/syscall: its number, -1
+    for none, `running`), as BPF keeps it (reasons.split_kind)."""
+    sysno = reasons.UNKNOWN
+    first = (read_text(f"/proc/{pid}/task/{tid}/syscall") or "").split(" ", 1)[0]
+    if first.lstrip("-").isdigit():
+        sysno = None if int(first) < 0 else int(first)
+    return reasons.with_sys(_proc_state_kind(pid, tid), sysno)
+
+
+def _proc_state_kind(pid: int, tid: int) -> int:
     return {"S": bpfdefs.KIND_SLEEP, "R": bpfdefs.KIND_RUNQUEUE, "D": bpfdefs.KIND_UNINTERRUPTIBLE,
             "I": bpfdefs.KIND_SLEEP}.get(proc_state(f"/proc/{pid}/task/{tid}/stat"),
                                          bpfdefs.KIND_OTHER)

@@ -34,6 +34,25 @@ def thread_table(prof: Profile) -> List[Tuple[int, int, str, int, int, int]]:
     return rows
 
 
+def off_cpu_reasons(prof: Profile) -> Dict[int, Dict[str, int]]:
+    """Per thread (tid, or group id), its off-CPU ns by reason."""
+    acc: Dict[int, Dict[str, int]] = {}
+    for key, ns in prof.weights.items():
+        if key.off_cpu is not None:
+            r = acc.setdefault(key.tid, {})
+            r[key.off_cpu] = r.get(key.off_cpu, 0) + ns
+    return acc
+
+
+def reasons_text(by_reason: Dict[str, int], n: int = 3) -> str:
+    """`lock 92%, gil 6%`: the largest reasons' shares of that off-CPU time."""
+    total = sum(by_reason.values())
+    if not total:
+        return ""
+    top = sorted(by_reason.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{r} {100 * ns / total:.0f}%" for r, ns in top)
+
+
 def top_functions(prof: Profile, n: int = 10) -> List[Tuple[str, int, int]]:
     """(label, wall ns, on-CPU ns) of the frames the time is spent in: the
     innermost Python frame of each stack (with its line), or the innermost
@@ -191,11 +210,13 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     total = prof.total_ns()
     lines = []
     rows = thread_table(prof)
-    lines.append(f"  {'thread':<34} {'on-CPU':>10} {'off-CPU':>10} {'wall':>10} {'samples':>8}")
+    why = off_cpu_reasons(prof)
+    lines.append(f"  {'thread':<34} {'on-CPU':>10} {'off-CPU':>10} {'wall':>10} {'samples':>8}"
+                 "  off-CPU by reason")
     for pid, tid, name, on, off, samples in rows[:20]:
         label = f"{tid} {name}" if tid >= 0 else name
         lines.append(f"  {label[:34]:<34} {fmt_s(on):>10} {fmt_s(off):>10} {fmt_s(on + off):>10} "
-                     f"{samples:>8}")
+                     f"{samples:>8}  {reasons_text(why.get(tid, {}))}".rstrip())
     if len(rows) > 20:
         lines.append(f"  ... and {len(rows) - 20} more threads")
     meta = prof.meta
@@ -204,6 +225,13 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     elif meta.mode == "cpu":
         lines.append(f"  on-CPU time is estimated from samples (1/{meta.frequency_hz} s each); "
                      "--mode wall measures it exactly")
+    everyone: Dict[str, int] = {}
+    for r in why.values():
+        for reason, ns in r.items():
+            everyone[reason] = everyone.get(reason, 0) + ns
+    if everyone:
+        lines.append("  off-CPU by reason, all threads: " + ", ".join(
+            f"{r} {fmt_s(ns)}" for r, ns in sorted(everyone.items(), key=lambda kv: -kv[1])))
     if total:
         lines.append(f"  where the time goes (innermost Python frame; all threads, {fmt_s(total)}):")
         for label, ns, on in top_functions(prof, top):

@@ -1,0 +1,133 @@
+"""Why an off-CPU interval waited: one rules table.
+
+BPF gives, per switch-out of a target thread, the scheduler's view (kind:
+preempted while runnable, S, D, other) and the system call the thread was
+blocked in, kept above the low byte of the key's kind (split_kind): the
+call's number + 1, SYS_OUTSIDE when the thread was in no system call (its
+user pc does not follow a `syscall` instruction: a page fault), 0 when it
+has no user registers (a kernel thread).  The merger gives the interval's
+frames.  `classify()` goes down RULES and the first rule that
+matches names the reason.  Kernel frames are never looked at, so the
+reason is the same with and without --kernel.
+
+x86_64 system call numbers (arch/x86/entry/syscalls/syscall_64.tbl).
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, List, NamedTuple, Optional, Sequence
+
+from . import bpfdefs
+from .profile import Frame, FrameKind
+
+REASONS = ("runqueue", "sleep", "lock", "gil", "io", "poll", "disk", "page-fault", "gpu", "other")
+
+SYS_SLEEP = {35: "nanosleep", 230: "clock_nanosleep"}
+SYS_LOCK = {202: "futex", 449: "futex_waitv", 65: "semop", 220: "semtimedop"}
+SYS_POLL = {7: "poll", 23: "select", 232: "epoll_wait", 270: "pselect6", 271: "ppoll",
+            281: "epoll_pwait", 441: "epoll_pwait2"}
+SYS_IO = {0: "read", 1: "write", 17: "pread64", 18: "pwrite64", 19: "readv", 20: "writev",
+          40: "sendfile", 42: "connect", 43: "accept", 44: "sendto", 45: "recvfrom",
+          46: "sendmsg", 47: "recvmsg", 275: "splice", 276: "tee", 288: "accept4",
+          295: "preadv", 296: "pwritev", 299: "recvmmsg", 307: "sendmmsg", 327: "preadv2",
+          328: "pwritev2", 208: "io_getevents", 426: "io_uring_enter", 74: "fsync",
+          75: "fdatasync", 277: "sync_file_range"}
+SYS_GPU = {16: "ioctl"} | SYS_POLL | {0: "read"}     # under a GPU library's frames
+
+# Native frames that say what a wait is, whatever the system call.
+GIL_FUNCTIONS = frozenset({"take_gil", "drop_gil", "PyEval_RestoreThread", "PyEval_AcquireThread",
+                           "PyEval_AcquireLock", "PyGILState_Ensure", "_PyEval_ReInitThreads"})
+SLEEP_FUNCTIONS = frozenset({"pysleep", "time_sleep"})     # CPython's time.sleep
+# NVIDIA's driver, runtime and collectives; the stand-in the tests build is named like them
+GPU_LIBRARY = re.compile(r"^lib(cuda|cudart|nccl)(\.|_|-|$)")
+GPU_SYNC = re.compile(r"^(cu|cuda)(Ctx|Device|Stream|Event)Synchronize")
+GPU_SPIN = "[gpu-spin]"
+
+
+UNKNOWN = -1                        # Wait.sys: no user registers to tell
+
+class Wait(NamedTuple):
+    """What classify() looks at."""
+    kind: int                       # bpfdefs.KIND_* of the switch-out
+    sys: Optional[int]              # the system call's number, None: in none, UNKNOWN
+    natives: List[Frame]            # the interval's native frames, innermost first
+
+
+class Rule(NamedTuple):
+    reason: str
+    says: str                       # for the README and the tests' names
+    matches: Callable[[Wait], bool]
+
+
+def _blocked(w: Wait) -> bool:
+    return w.kind in (bpfdefs.KIND_SLEEP, bpfdefs.KIND_UNINTERRUPTIBLE, bpfdefs.KIND_OTHER)
+
+
+def _names(w: Wait):
+    """The native frames' functions, without the suffixes of GCC's clones
+    (take_gil.lto_priv.0, pysleep.isra.0, ....cold)."""
+    return (f.name.split(".", 1)[0] for f in w.natives)
+
+
+def gpu_library(module: Optional[str]) -> bool:
+    return bool(module) and bool(GPU_LIBRARY.match(os.path.basename(module)))
+
+
+def _under_gpu(w: Wait) -> bool:
+    return any(gpu_library(f.module) for f in w.natives)
+
+
+RULES: Sequence[Rule] = (
+    Rule("runqueue", "preempted while runnable: waiting for a CPU",
+         lambda w: w.kind == bpfdefs.KIND_RUNQUEUE),
+    Rule("gpu", "blocked in ioctl, poll or read under libcuda, libcudart or libnccl frames",
+         lambda w: _blocked(w) and w.sys in SYS_GPU and _under_gpu(w)),
+    Rule("gil", "waiting under take_gil, PyEval_RestoreThread / AcquireThread or PyGILState_Ensure",
+         lambda w: _blocked(w) and any(n in GIL_FUNCTIONS for n in _names(w))),
+    Rule("sleep", "in CPython's time.sleep (which waits in select before 3.11)",
+         lambda w: _blocked(w) and any(n in SLEEP_FUNCTIONS for n in _names(w))),
+    Rule("sleep", "in nanosleep or clock_nanosleep",
+         lambda w: _blocked(w) and w.sys in SYS_SLEEP),
+    Rule("lock", "in futex or a System V semaphore: a mutex, a condition variable, a lock",
+         lambda w: _blocked(w) and w.sys in SYS_LOCK),
+    Rule("poll", "in select, poll or epoll",
+         lambda w: _blocked(w) and w.sys in SYS_POLL),
+    Rule("io", "in a read, write, send, receive, accept, connect or sync of a descriptor",
+         lambda w: _blocked(w) and w.sys in SYS_IO),
+    Rule("page-fault", "asleep outside any system call: a page fault",
+         lambda w: w.kind in (bpfdefs.KIND_SLEEP, bpfdefs.KIND_UNINTERRUPTIBLE) and w.sys is None),
+    Rule("disk", "uninterruptible (D) in another system call: waiting for a device",
+         lambda w: w.kind == bpfdefs.KIND_UNINTERRUPTIBLE),
+    Rule("other", "anything else (another system call, a stop)", lambda w: True),
+)
+
+
+def classify(kind: int, sys: Optional[int], frames: Sequence[Frame]) -> str:
+    """The reason of an off-CPU interval (kind != KIND_ONCPU)."""
+    w = Wait(kind, sys, [f for f in frames if f.kind is FrameKind.NATIVE][::-1])
+    for rule in RULES:
+        if rule.matches(w):
+            return rule.reason
+    return "other"
+
+
+def split_kind(kind: int):
+    """(KIND_*, Wait.sys) of a key's kind (see the module's doc)."""
+    sys = kind >> bpfdefs.SYS_SHIFT
+    if sys == 0:
+        return kind & 0xFF, UNKNOWN
+    return kind & 0xFF, (None if sys == bpfdefs.SYS_OUTSIDE else sys - 1)
+
+
+def with_sys(kind: int, sys: Optional[int]) -> int:
+    """A key's kind with its system call (split_kind's inverse)."""
+    if sys == UNKNOWN:
+        return kind
+    return kind | ((bpfdefs.SYS_OUTSIDE if sys is None else sys + 1) << bpfdefs.SYS_SHIFT)
+
+
+def gpu_spin(frames: Sequence[Frame]) -> bool:
+    """An on-CPU sample inside a CUDA synchronize call: the driver spins
+    waiting for the GPU (its default sync), which is waiting too."""
+    return any(f.kind is FrameKind.NATIVE and GPU_SYNC.match(f.name) for f in frames)

@@ -1,0 +1,132 @@
+"""Off-CPU reasons with real BPF: threads that each wait in one known way
+(workloads/waits.py, gil_contention.py, two processes pinned to one CPU)
+show that reason for (almost) all of their off-CPU time, on pyenv 3.9,
+3.11, 3.13 and Debian's 3.11."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import Workload, python_or_skip, record_folded
+
+LABELS = ["pyenv-3.9", "pyenv-3.11", "pyenv-3.13", "debian-3.11"]
+SHARE = 0.95
+
+
+def by_reason(prof, tid):
+    out = {}
+    for k, ns in prof.weights.items():
+        if k.tid == tid and k.off_cpu is not None:
+            out[k.off_cpu] = out.get(k.off_cpu, 0) + ns
+    return out
+
+
+def dominant(prof, tid, reason, share=SHARE):
+    got = by_reason(prof, tid)
+    total = sum(got.values())
+    assert total > 0.5e9, (tid, got)
+    assert got.get(reason, 0) >= share * total, (reason, {r: round(v / 1e9, 3) for r, v in got.items()})
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_each_kind_of_wait_has_its_reason(tmp_path, bpf, label):
+    python = python_or_skip(label)
+    w = Workload(python, "waits.py", 60)
+    try:
+        tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "2")
+    finally:
+        w.stop()
+    for name, reason in (("sleeper", "sleep"), ("reader", "io"), ("selector", "poll"),
+                         ("locked", "lock"), ("writer", "sleep"), ("holder", "sleep")):
+        dominant(prof, tids[name], reason)
+    # every off-CPU stack ends in its reason's marker
+    assert all(k.off_cpu in ("sleep", "io", "poll", "lock", "runqueue", "other", "gil")
+               for k in prof.weights if k.off_cpu is not None), {k.off_cpu for k in prof.weights}
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_two_cpu_bound_threads_wait_for_the_gil(tmp_path, bpf, label):
+    python = python_or_skip(label)
+    w = Workload(python, "gil_contention.py", 60)
+    try:
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "2")
+    finally:
+        w.stop()
+    spinners = {k.tid for k in prof.weights if k.tid != w.pid}
+    assert len(spinners) == 2, spinners
+    for tid in spinners:
+        got = by_reason(prof, tid)
+        # of the waits that are not for a CPU (runqueue: how busy the machine
+        # is, up to half of it on this loaded 2-core one) the GIL is all
+        blocked = {r: ns for r, ns in got.items() if r != "runqueue"}
+        assert blocked.get("gil", 0) >= SHARE * sum(blocked.values()), got
+        on = prof.total_ns(tid=tid, on_cpu=True)
+        # each runs and waits for the GIL a good part of the 2 s
+        assert got["gil"] >= 0.3e9 and on >= 0.3e9, (on, got)
+        # and its time adds up: on-CPU + every reason = the recording's
+        # length, which the main thread (in join all along) spans
+        wall = prof.total_ns(tid=w.pid)
+        assert abs(on + sum(got.values()) - wall) <= 0.01 * wall, (on, got, wall)
+
+
+def test_processes_pinned_to_one_cpu_wait_in_the_runqueue(tmp_path, bpf):
+    spin = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass"
+    procs = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        res, prof = record_folded(tmp_path, *sum((["-p", str(p.pid)] for p in procs), []),
+                                  "-d", "2")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for p in procs:
+        dominant(prof, p.pid, "runqueue")
+
+
+@pytest.fixture(scope="module")
+def fake_cuda(tmp_path_factory):
+    """workloads/fake_cuda.c as libcuda.so.1 (the stand-in for NVIDIA's driver)."""
+    from conftest import WORKLOADS
+    out = tmp_path_factory.mktemp("cuda") / "libcuda.so.1"
+    subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-shared", "-fPIC", "-o", str(out),
+                    os.path.join(WORKLOADS, "fake_cuda.c")], check=True)
+    return str(out)
+
+
+@pytest.mark.parametrize("label", ["pyenv-3.11", "debian-3.11"])
+def test_the_gpu_stand_in_shows_gpu_waits_and_gpu_spin(tmp_path, bpf, label, fake_cuda):
+    """A blocking sync (poll on the device under libcuda) is `gpu` off-CPU
+    time; a spinning sync (cuCtxSynchronize on the CPU) ends in [gpu-spin]."""
+    python = python_or_skip(label)
+    w = Workload(python, "gpu_standin.py", fake_cuda, 60)
+    try:
+        tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "2")
+    finally:
+        w.stop()
+    dominant(prof, tids["blocker"], "gpu")
+    spin = tids["spinner"]
+    on = prof.total_ns(tid=spin, on_cpu=True)
+    spinning = sum(ns for k, ns in prof.weights.items() if k.tid == spin and k.off_cpu is None
+                   and k.frames and k.frames[-1].name == "[gpu-spin]")
+    assert on > 0.5e9 and spinning >= 0.9 * on, (spinning, on)
+    # and the frames under it are the stand-in's, below the Python caller
+    names = [f.name for k in prof.weights if k.tid == spin and k.off_cpu is None
+             and k.frames[-1].name == "[gpu-spin]" for f in k.frames]
+    assert "cuCtxSynchronize" in names and "spinner" in names, set(names)
+
+
+def test_reasons_keeps_only_those_waits(tmp_path, bpf):
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "waits.py", 60)
+    try:
+        tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "1", "--mode", "off",
+                                  "--reasons", "lock,io")
+    finally:
+        w.stop()
+    assert {k.off_cpu for k in prof.weights} == {"lock", "io"}, {k.off_cpu for k in prof.weights}
+    assert prof.total_ns(tid=tids["locked"]) > 0.8e9 and prof.total_ns(tid=tids["reader"]) > 0.8e9
+    assert prof.total_ns(tid=tids["sleeper"]) == 0

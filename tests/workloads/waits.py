@@ -1,0 +1,84 @@
+"""One thread per kind of wait, each waiting almost all of its time in one
+place (tests/test_reasons_bpf.py):
+
+  sleeper    time.sleep(0.05) in a loop                          -> sleep
+  reader     os.read on a pipe the writer fills every 50 ms      -> io
+  selector   select.select on a pipe that stays empty, 50 ms     -> poll
+  locked     lock.acquire of a lock the holder keeps 40 of 50 ms,
+             then an Event until the holder's next turn          -> lock
+  holder     holds that lock: time.sleep(0.04) inside, 0.01 out  -> sleep
+  writer     time.sleep(0.05), then one byte into the pipe       -> sleep
+
+Prints `tid NAME NATIVE_ID` per thread, then `ready`; runs argv[1] seconds.
+"""
+import os
+import select
+import sys
+import threading
+import time
+
+END = time.monotonic() + (float(sys.argv[1]) if len(sys.argv) > 1 else 30.0)
+lock = threading.Lock()
+turn = threading.Event()
+data_r, data_w = os.pipe()
+empty_r, _empty_w = os.pipe()
+
+
+def sleeper():
+    while time.monotonic() < END:
+        time.sleep(0.05)            # SLEEP
+
+
+def reader():
+    while time.monotonic() < END:
+        os.read(data_r, 1)          # READ
+
+
+def writer():
+    while time.monotonic() < END:
+        time.sleep(0.05)
+        os.write(data_w, b"x")
+
+
+def selector():
+    while time.monotonic() < END:
+        select.select([empty_r], [], [], 0.05)      # SELECT
+
+
+def holder():
+    while time.monotonic() < END:
+        with lock:
+            time.sleep(0.04)
+        turn.set()
+        time.sleep(0.01)
+
+
+def locked():
+    # waits in the lock while the holder has it, then in an Event (a lock
+    # inside) until the holder's next turn: every wait of it is a lock's
+    while time.monotonic() < END:
+        lock.acquire()              # ACQUIRE
+        lock.release()
+        turn.clear()
+        turn.wait(1)
+
+
+def main():
+    started = []
+    for fn in (sleeper, reader, writer, selector, holder, locked):
+        def run(fn=fn):
+            started.append((fn.__name__, threading.get_native_id()))
+            fn()
+        t = threading.Thread(target=run, name=fn.__name__, daemon=True)
+        t.start()
+    while len(started) < 6:
+        time.sleep(0.01)
+    for name, tid in started:
+        print("tid", name, tid, flush=True)
+    print("ready", flush=True)
+    while time.monotonic() < END:
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()
