@@ -65,6 +65,8 @@ BPF_PERCPU_ARRAY(scratch, struct pystack, 2);   /* 0: on-CPU program, 1: sched_s
 BPF_PERCPU_ARRAY(drops, u64, N_DROPS);
 BPF_PERCPU_ARRAY(drops_ns, u64, N_DROPS);
 BPF_PERF_OUTPUT(pystack_events);
+/* Waits left out by --min-block-us / --max-block-us: 0 how many, 1 their ns. */
+BPF_PERCPU_ARRAY(block_filtered, u64, 2);
 
 static __always_inline void count_drop(int idx)
 {
@@ -531,9 +533,21 @@ static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u
         open_key(tid, st, &key);
         u64 from = st->ts > ctl->start_ns ? st->ts : ctl->start_ns;
         u64 ns = now - from;
+        u64 len = now - st->ts;         /* the whole wait, from before the start too */
         offcpu_start.delete(&tid);
-        add_time(&key, ns);
-        th->off_ns += ns;
+        if (len < ctl->min_block_ns || (ctl->max_block_ns && len > ctl->max_block_ns)) {
+            int i = 0;
+            u64 *n = block_filtered.lookup(&i);
+            if (n)
+                *n += 1;
+            i = 1;
+            n = block_filtered.lookup(&i);
+            if (n)
+                *n += ns;
+        } else {
+            add_time(&key, ns);
+            th->off_ns += ns;
+        }
     } else if (th->flags & TH_OFF) {
         count_drop_ns(DROP_START_FULL, now - th->ts);   /* its stack was lost */
     }

@@ -121,6 +121,8 @@ struct control_t {
     unsigned int self_tgid;         /* pyoffcpu: never a target, even under SYSTEM_WIDE */
     unsigned int follow;            /* --subprocesses: a target's new process is one too */
     unsigned int pad;
+    unsigned long long min_block_ns;    /* --min-block-us: shorter waits are left out */
+    unsigned long long max_block_ns;    /* --max-block-us (0: none): longer ones too */
 };
 
 /* Per thread of a target: its exact on-CPU time, from its switch-in and

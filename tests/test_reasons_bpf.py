@@ -130,3 +130,28 @@ def test_reasons_keeps_only_those_waits(tmp_path, bpf):
     assert {k.off_cpu for k in prof.weights} == {"lock", "io"}, {k.off_cpu for k in prof.weights}
     assert prof.total_ns(tid=tids["locked"]) > 0.8e9 and prof.total_ns(tid=tids["reader"]) > 0.8e9
     assert prof.total_ns(tid=tids["sleeper"]) == 0
+
+
+def test_min_and_max_block_leave_out_whole_waits_and_say_how_much(tmp_path, bpf):
+    """waits.py: the sleeper waits 50 ms at a time, the holder 40 ms (in the
+    lock) and 10 ms (outside it).  --max-block-us 20000 leaves out the
+    sleeper's waits; --min-block-us 30000 the holder's 10 ms ones only."""
+    import re
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "waits.py", 60)
+    try:
+        tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
+        short, p_short = record_folded(tmp_path, "-p", str(w.pid), "-d", "1", "--mode", "off",
+                                       "--max-block-us", "20000", name="short.folded")
+        long_, p_long = record_folded(tmp_path, "-p", str(w.pid), "-d", "1", "--mode", "off",
+                                      "--min-block-us", "30000", name="long.folded")
+    finally:
+        w.stop()
+    # only the parts of a 50 ms wait cut by the start or the end are <= 20 ms
+    assert p_short.total_ns(tid=tids["sleeper"]) <= 0.045e9, p_short.total_ns(tid=tids["sleeper"])
+    m = re.search(r"(\d+) waits \(([\d.]+) s\) outside --min-block-us/--max-block-us left out",
+                  short.stderr)
+    assert m and int(m.group(1)) >= 15 and float(m.group(2)) >= 0.9, short.stderr
+    assert p_long.total_ns(tid=tids["sleeper"]) >= 0.9e9
+    holder = p_long.total_ns(tid=tids["holder"])
+    assert 0.65e9 <= holder <= 0.9e9, holder      # its 40 ms of every 50

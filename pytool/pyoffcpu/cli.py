@@ -19,6 +19,7 @@ Examples:
   sudo pyoffcpu -o boot.svg -- python3 app.py    # launch and profile to the end
   sudo pyoffcpu -p 4242 --mode off -o wait.folded  # blocked time only, folded text
   sudo pyoffcpu -p 4242 --mode off --reasons lock,gil   # only waits for locks and the GIL
+  sudo pyoffcpu -p 4242 --mode off --min-block-us 10000  # only waits of 10 ms or more
   sudo pyoffcpu -p 4242 --mode cpu -F 499 --kernel # on-CPU only, with kernel frames
   sudo pyoffcpu -a -d 10                 # every process on the machine, on-CPU
   sudo pyoffcpu -a --match 'train|serve' --mode wall -d 10   # wall-clock, selected ones
@@ -90,6 +91,10 @@ def fail(msg: str, todo: str = "", code: int = 1):
 @click.option("--reasons", "only_reasons", metavar="LIST", default=None,
               help="Keep only the off-CPU time of these reasons, comma-separated (runqueue, "
                    "sleep, lock, gil, io, poll, disk, page-fault, gpu, other); on-CPU time stays.")
+@click.option("--min-block-us", type=click.IntRange(min=0), default=0, metavar="US",
+              help="Leave out waits shorter than US microseconds (their count and time are printed).")
+@click.option("--max-block-us", type=click.IntRange(min=1), default=None, metavar="US",
+              help="Leave out waits longer than US microseconds.")
 @click.option("--kernel", is_flag=True, help="Include kernel frames (suffix _[k]).")
 @click.option("--no-threads", is_flag=True, help="Merge all threads (no `thread` root frames).")
 @click.option("--full-paths", is_flag=True, help="Full source paths instead of sys.path-relative ones.")
@@ -98,11 +103,14 @@ def fail(msg: str, todo: str = "", code: int = 1):
                    "that started in the same function fold into one `threads N ended` root).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt,
-           only_reasons, kernel, no_threads, full_paths, keep_tids, command):
+           only_reasons, min_block_us, max_block_us, kernel, no_threads, full_paths, keep_tids,
+           command):
     """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
     from .export import check_writable, format_for_path
     from .reasons import REASONS
 
+    if max_block_us is not None and max_block_us < min_block_us:
+        raise click.UsageError(f"--max-block-us {max_block_us} is below --min-block-us {min_block_us}")
     if only_reasons is not None:
         only_reasons = {r.strip() for r in only_reasons.split(",") if r.strip()}
         unknown = sorted(only_reasons - set(REASONS))
@@ -153,7 +161,8 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
     opts = Options(pids=list(pids), command=list(command), duration=duration,
                    frequency=frequency, mode=mode, kernel=kernel, fold_threads=not keep_tids,
                    system_wide=all_, match=match, uid=uid, python_only=python_only,
-                   follow=subprocesses)
+                   follow=subprocesses, min_block_ns=min_block_us * 1000,
+                   max_block_ns=(max_block_us or 0) * 1000)
     try:
         _record(opts, output, fmt, not no_threads, full_paths, only_reasons)
     except ProfilerError as e:
@@ -234,6 +243,10 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
                    err=True)
     else:
         click.echo("pyoffcpu: drops: none", err=True)
+    n_out, ns_out = rec.block_filtered
+    if opts.min_block_ns or opts.max_block_ns:
+        click.echo(f"pyoffcpu: {n_out} waits ({ns_out / 1e9:.2f} s) outside --min-block-us/"
+                   "--max-block-us left out", err=True)
     if stats.python_ns:
         click.echo(f"pyoffcpu: native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
                    "of the Python time (native frames above the interpreter only)", err=True)

@@ -59,6 +59,9 @@ class Options:
     uid: Optional[int] = None
     python_only: bool = False
     follow: bool = False            # --subprocesses: the targets' children too
+    # --min-block-us / --max-block-us: waits shorter / longer are left out (ns; 0: no bound)
+    min_block_ns: int = 0
+    max_block_ns: int = 0
 
     @property
     def filtered(self) -> bool:
@@ -136,6 +139,8 @@ class Recording:
     notices: List[str] = field(default_factory=list)
     exit_status: Optional[int] = None       # of a launched command
     exact_on_cpu: bool = False              # on-CPU per thread from switch timestamps
+    # waits left out by --min-block-us / --max-block-us: [how many, ns]
+    block_filtered: List[int] = field(default_factory=lambda: [0, 0])
 
     @property
     def thread_names(self) -> Dict[int, str]:
@@ -179,6 +184,7 @@ class Session:
         self._entries: Dict[int, Optional[str]] = {}   # Python stack hash -> its entry (_stack_entry)
         self._fixes: Dict[int, Tuple[int, int]] = {}   # tid -> (ts, Python stack hash) (_fix_blocked)
         self._sampled: Optional[set] = None            # -a: the processes the last drain had
+        self._bpf_filtered = [0, 0]                    # waits user space left out (--min/max-block-us)
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -484,6 +490,10 @@ class Session:
         switch-in, with the stacks read at the start."""
         if ns <= 0:
             return
+        if self.left_out_by_length(ns):         # judged by the part inside the recording
+            self._bpf_filtered[0] += 1
+            self._bpf_filtered[1] += ns
+            return
         pid0, pyhash, kind, ustack = self._initial.get(tid, (pid, 0, bpfdefs.KIND_OTHER, NO_STACK))
         self._add((pid0, tid, ustack, -1, pyhash, kind), 1, ns)
 
@@ -694,6 +704,8 @@ class Session:
             missed += _fdinfo(fn.fd).get("recursion_misses", 0)
         if missed:
             self.rec.drops["BPF runs skipped by the kernel"] = missed
+        table = self.bpf["block_filtered"]
+        self.rec.block_filtered = [sum(table[table.Key(i)]) + self._bpf_filtered[i] for i in (0, 1)]
 
     def _write_stats(self, elapsed: float):
         """PYOFFCPU_STATS_FILE: one JSON line per drain (make bench reads it)."""
@@ -795,6 +807,7 @@ class Session:
                                          select=select, self_pid=os.getpid(), follow=o.follow,
                                          on_python=self._fix_blocked if o.mode != "cpu" else None,
                                          exit_events=self.platform.exit_group_dead)
+        self._write_control(min_block_ns=o.min_block_ns, max_block_ns=o.max_block_ns)
         self._write_control(self_tgid=os.getpid(), discover=int(o.system_wide and o.filtered),
                             follow=int(o.follow))
         launched = None
@@ -887,13 +900,23 @@ class Session:
             rec.notices.append(f"{sum(late.values())} samples of {len(late)} Python processes came before "
                                "they were registered: native frames only")
 
+    def left_out_by_length(self, length_ns: int) -> bool:
+        """--min-block-us / --max-block-us: is a wait this long left out?"""
+        o = self.opts
+        return length_ns < o.min_block_ns or bool(o.max_block_ns and length_ns > o.max_block_ns)
+
     def _flush_blocked(self):
-        """Threads still off the CPU at the end: blocked until the end mark."""
+        """Threads still off the CPU at the end: blocked until the end mark
+        (judged by --min/--max-block-us on their length so far)."""
         for k, st in _items(self.bpf["offcpu_start"]):
             tid = k.value
             key = st.key
             ns = self._end_ns - max(st.ts, self._start_ns)
             if ns <= 0:
+                continue
+            if self.left_out_by_length(self._end_ns - st.ts):
+                self._bpf_filtered[0] += 1
+                self._bpf_filtered[1] += ns
                 continue
             pystack = key.pystack
             if not pystack and self._fixes.get(tid, (None,))[0] == st.ts:

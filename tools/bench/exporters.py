@@ -17,7 +17,7 @@ import sys
 import time
 
 from pyoffcpu.export import write_profile
-from pyoffcpu.profile import (OFF_RUNQUEUE, OFF_SLEEP, OFF_UNINTERRUPTIBLE, Metadata, Profile,
+from pyoffcpu.profile import (OFF_RUNQUEUE, OFF_SLEEP, OFF_DISK, Metadata, Profile,
                               StackKey, kernel_frame, native_frame, python_frame)
 
 PID = 4242
@@ -69,7 +69,7 @@ def synthetic_profile(samples: int, stacks: int, seed: int = 12345) -> Profile:
         frames = tuple(frames)
         tid = THREADS[rng.randrange(len(THREADS))]
         k = rng.random()
-        off = None if k < 0.6 else OFF_SLEEP if k < 0.85 else OFF_RUNQUEUE if k < 0.95 else OFF_UNINTERRUPTIBLE
+        off = None if k < 0.6 else OFF_SLEEP if k < 0.85 else OFF_RUNQUEUE if k < 0.95 else OFF_DISK
         key = StackKey(PID, tid, frames, off)
         if key in seen:
             continue
