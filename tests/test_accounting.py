@@ -235,6 +235,9 @@ def test_mixed_threads_on_plus_off_is_the_recording(mixed):
             bad.append((name, "on+off vs lifetime", total, alive))
         if t["on_cpu_ns"] > 0.2e9 and t["samples"] == 0:
             bad.append((name, "on-CPU time but no samples", t))
+        # the reasons split the off-CPU time, all of it
+        if sum(t["off_cpu_by_reason_ns"].values()) != t["off_cpu_ns"]:
+            bad.append((name, "off-CPU by reason", t["off_cpu_by_reason_ns"], t["off_cpu_ns"]))
     assert not bad, bad
 
 

@@ -177,6 +177,15 @@ class Profile:
             return info.root_label()
         return f"thread {tid}{ns_suffix(self.ns_ids.get(tid, 0))} {self.threads.get(tid, '?')}"
 
+    def off_cpu_by_reason(self) -> Dict[int, Dict[str, int]]:
+        """Per thread (tid, or group id), its off-CPU ns by reason."""
+        acc: Dict[int, Dict[str, int]] = {}
+        for key, ns in self.weights.items():
+            if key.off_cpu is not None:
+                r = acc.setdefault(key.tid, {})
+                r[key.off_cpu] = r.get(key.off_cpu, 0) + ns
+        return acc
+
     def _keeping(self, keep) -> "Profile":
         out = Profile(self.meta, dict(self.processes), dict(self.threads), dict(self.thread_pid),
                       thread_info=dict(self.thread_info), ns_ids=dict(self.ns_ids))

@@ -34,16 +34,6 @@ def thread_table(prof: Profile) -> List[Tuple[int, int, str, int, int, int]]:
     return rows
 
 
-def off_cpu_reasons(prof: Profile) -> Dict[int, Dict[str, int]]:
-    """Per thread (tid, or group id), its off-CPU ns by reason."""
-    acc: Dict[int, Dict[str, int]] = {}
-    for key, ns in prof.weights.items():
-        if key.off_cpu is not None:
-            r = acc.setdefault(key.tid, {})
-            r[key.off_cpu] = r.get(key.off_cpu, 0) + ns
-    return acc
-
-
 def reasons_text(by_reason: Dict[str, int], n: int = 3) -> str:
     """`lock 92%, gil 6%`: the largest reasons' shares of that off-CPU time."""
     total = sum(by_reason.values())
@@ -210,7 +200,7 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     total = prof.total_ns()
     lines = []
     rows = thread_table(prof)
-    why = off_cpu_reasons(prof)
+    why = prof.off_cpu_by_reason()
     lines.append(f"  {'thread':<34} {'on-CPU':>10} {'off-CPU':>10} {'wall':>10} {'samples':>8}"
                  "  off-CPU by reason")
     for pid, tid, name, on, off, samples in rows[:20]:

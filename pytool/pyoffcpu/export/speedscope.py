@@ -98,10 +98,12 @@ def metadata(profile: Profile) -> dict:
     ignores keys it does not know)."""
     meta = profile.meta
     threads = []
+    why = profile.off_cpu_by_reason()
     for tid in sorted(profile.thread_info, key=lambda t: (profile.thread_info[t].pid, t)):
         t = profile.thread_info[tid]
         threads.append({"pid": t.pid, "tid": t.tid, "name": t.name, "root": t.root_label(),
                         "on_cpu_ns": t.on_cpu_ns, "off_cpu_ns": t.off_cpu_ns,
+                        "off_cpu_by_reason_ns": dict(sorted(why.get(tid, {}).items())),
                         "samples": t.samples, "first_ns": t.first_ns, "last_ns": t.last_ns,
                         "threads": t.threads, "entry": t.entry, "ns_tid": t.ns_tid})
     return {"duration_ns": meta.duration_ns, "mode": meta.mode, "frequency_hz": meta.frequency_hz,
