@@ -61,10 +61,19 @@ BPF_HASH(forks, u32, u64, 4096);
 BPF_HASH(unregistered, u32, u64, 4096);
 BPF_STACK_TRACE(ustacks, 32768);
 BPF_STACK_TRACE(kstacks, 16384);
-BPF_PERCPU_ARRAY(scratch, struct pystack, 2);   /* 0: on-CPU program, 1: sched_switch */
+BPF_PERCPU_ARRAY(scratch, struct pystack, 3);   /* 0: on-CPU program, 1: sched_switch, 2: sched_waking */
 BPF_PERCPU_ARRAY(drops, u64, N_DROPS);
 BPF_PERCPU_ARRAY(drops_ns, u64, N_DROPS);
 BPF_PERF_OUTPUT(pystack_events);
+#ifndef WAKERS
+#define WAKERS 0
+#endif
+#if WAKERS
+BPF_HASH(last_waker, u32, struct waker_t, 65536);       /* wakee tid -> its last waker */
+BPF_HASH(wake_agg, struct wake_key, struct stack_value, 65536);
+/* Per CPU: how deep in interrupt handlers (0), and in timer expiries (1). */
+BPF_PERCPU_ARRAY(irq_depth, u32, 2);
+#endif
 /* Waits left out by --min-block-us / --max-block-us: 0 how many, 1 their ns. */
 BPF_PERCPU_ARRAY(block_filtered, u64, 2);
 
@@ -503,6 +512,33 @@ static __always_inline void open_key(u32 tid, struct offcpu_start *st, struct st
 }
 
 /* next goes on a CPU: close the interval it spent off it. */
+#if WAKERS
+/* A wait of tid that began at `from` ends: its waker, if it woke the thread
+ * after the wait began (an older one woke an earlier wait). */
+static __always_inline void add_wake(u32 tid, u64 from, struct stack_key *key, u64 ns)
+{
+    struct wake_key wk = {};
+    wk.tgid = key->tgid;
+    wk.tid = tid;
+    wk.kind = key->kind;
+    wk.pystack = key->pystack;
+    struct waker_t *w = last_waker.lookup(&tid);
+    if (w && w->ts >= from) {
+        wk.waker_kind = w->kind;
+        wk.waker_tgid = w->tgid;
+        wk.waker_tid = w->tid;
+        wk.waker_pystack = w->pystack;
+    }
+    wk.gen = key->gen;              /* add_time set it */
+    struct stack_value init = {};
+    struct stack_value *v = wake_agg.lookup_or_try_init(&wk, &init);
+    if (!v)
+        return;
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->ns, ns);
+}
+#endif
+
 static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u64 exec)
 {
     struct thread_t *th = threads.lookup(&tid);
@@ -547,6 +583,9 @@ static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u
         } else {
             add_time(&key, ns);
             th->off_ns += ns;
+#if WAKERS
+            add_wake(tid, st->ts, &key, ns);
+#endif
         }
     } else if (th->flags & TH_OFF) {
         count_drop_ns(DROP_START_FULL, now - th->ts);   /* its stack was lost */
@@ -872,3 +911,70 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
     log_life(LIFE_EXIT, tgid, 0);
     return 0;
 }
+
+#if WAKERS
+/* Interrupt context, per CPU: a wakeup inside it is not its `current`'s. */
+static __always_inline void irq_move(int which, int by)
+{
+    u32 *d = irq_depth.lookup(&which);
+    if (!d)
+        return;
+    if (by > 0)
+        *d += 1;
+    else if (*d > 0)
+        *d -= 1;
+}
+RAW_TRACEPOINT_PROBE(irq_handler_entry) { irq_move(0, 1); return 0; }
+RAW_TRACEPOINT_PROBE(irq_handler_exit) { irq_move(0, -1); return 0; }
+RAW_TRACEPOINT_PROBE(softirq_entry) { irq_move(0, 1); return 0; }
+RAW_TRACEPOINT_PROBE(softirq_exit) { irq_move(0, -1); return 0; }
+RAW_TRACEPOINT_PROBE(hrtimer_expire_entry) { irq_move(1, 1); return 0; }
+RAW_TRACEPOINT_PROBE(hrtimer_expire_exit) { irq_move(1, -1); return 0; }
+
+/* --wakers: a thread is woken.  Runs in the waker's context (sched_wakeup
+ * may run on the wakee's CPU: not used).  Bystanders cost the target test
+ * only: the wakee's tgid against the inline target list. */
+RAW_TRACEPOINT_PROBE(sched_waking)
+{
+    int zero = 0;
+    struct control_t *ctl = control.lookup(&zero);
+    if (!ctl || !ctl->start_ns)
+        return 0;
+    u64 p = ctx->args[0];
+    u32 wtgid = 0, wtid = 0;
+    bpf_probe_read_kernel(&wtgid, sizeof(wtgid), (void *)(p + TASK_TGID_OFF));
+    if (!wtgid || !is_target(ctl, wtgid))
+        return 0;
+    bpf_probe_read_kernel(&wtid, sizeof(wtid), (void *)(p + TASK_PID_OFF));
+    struct waker_t w = {};
+    w.ts = bpf_ktime_get_ns();
+    int one = 1;
+    u32 *timer = irq_depth.lookup(&one);
+    u32 *irq = irq_depth.lookup(&zero);
+    if (timer && *timer) {
+        w.kind = WAKER_TIMER;
+    } else if (irq && *irq) {
+        w.kind = WAKER_IRQ;
+    } else {
+        u64 id = bpf_get_current_pid_tgid();
+        w.kind = WAKER_TASK;
+        w.tgid = id >> 32;
+        w.tid = (u32)id;
+        struct proc_info *pi = procs.lookup(&w.tgid);
+        int slot = 2;
+        struct pystack *st = scratch.lookup(&slot);
+        if (pi && st) {
+            u64 h = walk_python(pi, st, w.tgid);
+            w.pystack = h;
+            if (h && !pystack_seen.lookup(&h)) {
+                u8 seen = 1;
+                if (pystack_seen.insert(&h, &seen) != 0)
+                    count_drop(DROP_PYSTACK_FULL);
+                pystack_events.perf_submit(ctx, st, sizeof(*st));
+            }
+        }
+    }
+    last_waker.update(&wtid, &w);
+    return 0;
+}
+#endif

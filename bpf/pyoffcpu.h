@@ -161,6 +161,33 @@ struct pystack_fix {
     unsigned long long pystack;     /* hash of the stack user space sent */
 };
 
+/* --wakers: who ended a target thread's wait.  sched_waking runs in the
+ * waker's context, unless the wakeup comes from an interrupt (a timer's
+ * expiry: a sleep or a timeout; a device or a softirq), where `current` is
+ * whatever it interrupted: those are WAKER_TIMER / WAKER_IRQ, no thread. */
+#define WAKER_NONE   0              /* not known (no wakeup seen after the wait began) */
+#define WAKER_TASK   1
+#define WAKER_TIMER  2
+#define WAKER_IRQ    3
+struct waker_t {
+    unsigned long long ts;          /* when it woke the thread */
+    unsigned long long pystack;     /* the waker's Python stack (a registered target), 0: none */
+    unsigned int kind;              /* WAKER_* */
+    unsigned int tgid, tid;         /* the waker (WAKER_TASK) */
+    unsigned int pad;
+};
+/* One wait's wakee and waker, aggregated (wake_agg) in wall and off mode. */
+struct wake_key {
+    unsigned int tgid, tid;         /* the thread that waited */
+    unsigned int kind;              /* its stack_key.kind (the state, the system call) */
+    unsigned int waker_kind;
+    unsigned long long pystack;     /* its Python stack when it blocked */
+    unsigned long long waker_pystack;
+    unsigned int waker_tgid, waker_tid;
+    unsigned int gen;               /* drain generation, as stack_key.gen */
+    unsigned int pad;
+};
+
 /* Indexes of the drops counter array. */
 #define DROP_USTACK        0        /* user stack: bpf_get_stackid(user) failed */
 #define DROP_KSTACK        1        /* kernel stack: bpf_get_stackid(kernel) failed */

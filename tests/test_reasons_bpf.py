@@ -3,6 +3,7 @@
 show that reason for (almost) all of their off-CPU time, on pyenv 3.9,
 3.11, 3.13 and Debian's 3.11."""
 import os
+import re
 import subprocess
 import sys
 
@@ -155,3 +156,35 @@ def test_min_and_max_block_leave_out_whole_waits_and_say_how_much(tmp_path, bpf)
     assert p_long.total_ns(tid=tids["sleeper"]) >= 0.9e9
     holder = p_long.total_ns(tid=tids["holder"])
     assert 0.65e9 <= holder <= 0.9e9, holder      # its 40 ms of every 50
+
+
+def test_wakers_name_who_ended_each_wait(tmp_path, bpf):
+    """--wakers on waits.py: the pipe reader is woken by the writer at its
+    write, the lock contender by the owner at its release, the sleeper and
+    the select loop by timers."""
+    from conftest import source_line
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "waits.py", 60)
+    try:
+        tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "2", "--wakers")
+    finally:
+        w.stop()
+    lines = {int(m.group(1)): m for m in re.finditer(
+        r"thread (\d+) \S+: ([\d.]+) s in (.+?), woken (\d+)% by (.+)$", res.stderr, re.M)}
+    write = source_line("waits.py", "os.write(data_w")
+    release = source_line("waits.py", "# RELEASE")
+
+    def check(name, share, by):
+        m = lines.get(tids[name])
+        assert m and int(m.group(4)) >= share and re.fullmatch(by, m.group(5)), (name, res.stderr)
+    check("reader", 95, rf"thread {tids['writer']} \S+ in writer \(\S*waits\.py:{write}\)")
+    check("contender", 95, rf"thread {tids['owner']} \S+ in owner \(\S*waits\.py:{release}\)")
+    check("sleeper", 95, "a timer")
+    check("selector", 95, "a timer")
+    # the contender's lock wait is the one designed in: the owner holds the
+    # lock 40 ms of every 50, the contender comes back 20 ms after taking
+    # it, so it waits 30 of every 50 ms
+    lock_ns = by_reason(prof, tids["contender"]).get("lock", 0)
+    wall = prof.total_ns(tid=w.pid)
+    assert abs(lock_ns / wall - 0.6) <= 0.02 * 0.6 + 0.005, (lock_ns, wall)

@@ -64,6 +64,9 @@ SYS_SHIFT, SYS_OUTSIDE = value("SYS_SHIFT"), value("SYS_OUTSIDE")
 # Threads
 TH = with_prefix("TH_")
 LIFE_EXEC, LIFE_FORK, LIFE_EXIT = value("LIFE_EXEC"), value("LIFE_FORK"), value("LIFE_EXIT")
+# waker_t.kind -> the word the profile keeps
+WAKER_KINDS = {value("WAKER_NONE"): "unknown", value("WAKER_TASK"): "task",
+               value("WAKER_TIMER"): "timer", value("WAKER_IRQ"): "irq"}
 MAX_INLINE_TARGETS = value("MAX_INLINE_TARGETS")
 TARGETS_IN_MAP = value("TARGETS_IN_MAP")
 

@@ -20,6 +20,7 @@ Examples:
   sudo pyoffcpu -p 4242 --mode off -o wait.folded  # blocked time only, folded text
   sudo pyoffcpu -p 4242 --mode off --reasons lock,gil   # only waits for locks and the GIL
   sudo pyoffcpu -p 4242 --mode off --min-block-us 10000  # only waits of 10 ms or more
+  sudo pyoffcpu -p 4242 --wakers -d 10   # and who ended each thread's waits
   sudo pyoffcpu -p 4242 --mode cpu -F 499 --kernel # on-CPU only, with kernel frames
   sudo pyoffcpu -a -d 10                 # every process on the machine, on-CPU
   sudo pyoffcpu -a --match 'train|serve' --mode wall -d 10   # wall-clock, selected ones
@@ -95,6 +96,10 @@ def fail(msg: str, todo: str = "", code: int = 1):
               help="Leave out waits shorter than US microseconds (their count and time are printed).")
 @click.option("--max-block-us", type=click.IntRange(min=1), default=None, metavar="US",
               help="Leave out waits longer than US microseconds.")
+@click.option("--wakers", is_flag=True,
+              help="Record who ended each wait (a thread and its Python frame, a timer, an "
+                   "interrupt) and name the main waker of each thread's main wait in the summary "
+                   "(wall and off mode).")
 @click.option("--kernel", is_flag=True, help="Include kernel frames (suffix _[k]).")
 @click.option("--no-threads", is_flag=True, help="Merge all threads (no `thread` root frames).")
 @click.option("--full-paths", is_flag=True, help="Full source paths instead of sys.path-relative ones.")
@@ -103,12 +108,14 @@ def fail(msg: str, todo: str = "", code: int = 1):
                    "that started in the same function fold into one `threads N ended` root).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt,
-           only_reasons, min_block_us, max_block_us, kernel, no_threads, full_paths, keep_tids,
-           command):
+           only_reasons, min_block_us, max_block_us, wakers, kernel, no_threads, full_paths,
+           keep_tids, command):
     """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
     from .export import check_writable, format_for_path
     from .reasons import REASONS
 
+    if wakers and (mode or ("cpu" if all_ else "wall")) == "cpu":
+        raise click.UsageError("--wakers needs --mode wall or --mode off (waits are only seen there)")
     if max_block_us is not None and max_block_us < min_block_us:
         raise click.UsageError(f"--max-block-us {max_block_us} is below --min-block-us {min_block_us}")
     if only_reasons is not None:
@@ -162,7 +169,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
                    frequency=frequency, mode=mode, kernel=kernel, fold_threads=not keep_tids,
                    system_wide=all_, match=match, uid=uid, python_only=python_only,
                    follow=subprocesses, min_block_ns=min_block_us * 1000,
-                   max_block_ns=(max_block_us or 0) * 1000)
+                   max_block_ns=(max_block_us or 0) * 1000, wakers=wakers)
     try:
         _record(opts, output, fmt, not no_threads, full_paths, only_reasons)
     except ProfilerError as e:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from . import profile as P
-from .bpfdefs import KIND_ONCPU, NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED
+from .bpfdefs import KIND_ONCPU, NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
 from . import reasons
 from .session import NO_STACK, UNSAMPLED, Recording
 
@@ -60,6 +60,7 @@ class Merger:
         self.stats = MergeStats()
         self._native_cache: Dict[Tuple[int, int], NativeFrame] = {}
         self._py_cache: Dict[int, Tuple[List[List[P.Frame]], bool]] = {}
+        self._short = P.PathShortener()
 
     # -- native ---------------------------------------------------------------
     def native_frame(self, pid: int, addr: int) -> Optional[NativeFrame]:
@@ -133,6 +134,16 @@ class Merger:
         result = (groups, bool(groups) and (torn or bool(st.flags & PYS_TRUNCATED)))
         self._py_cache[pyhash] = result
         return result
+
+    def innermost_python(self, pyhash: int) -> str:
+        """The label of a Python stack's innermost frame ("": none)."""
+        if not pyhash:
+            return ""
+        groups, _ = self.python_groups(pyhash)
+        for g in groups:
+            if g:
+                return g[0].label(False, self._short)
+        return ""
 
     def _python_of(self, st):
         """The interpreter a Python stack was walked in: its own image's (a
@@ -269,6 +280,12 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
         prof.processes.setdefault(tgid, rec.comms.get(tgid, "?"))
         if kind != KIND_ONCPU:
             off_ns[tid] = off_ns.get(tid, 0) + ns
+    for (tgid, tid, _kind, ph, wkind, wtgid, wtid, wph), (_count, ns) in rec.wakes.items():
+        waker = WAKER_KINDS.get(wkind, "unknown")
+        w = P.Wake(tgid, shown.get(tid, tid), merger.innermost_python(ph), waker,
+                   wtgid if waker == "task" else 0, shown.get(wtid, wtid) if waker == "task" else 0,
+                   merger.innermost_python(wph) if waker == "task" else "")
+        prof.wakes[w] = prof.wakes.get(w, 0) + ns
     for tid, t in rec.threads.items():
         sid = shown[tid]
         prof.threads[sid] = t.name

@@ -105,6 +105,18 @@ class Metadata:
     native_modules: Dict[Tuple[int, str], Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Wake:
+    """--wakers: time a thread waited at `where`, ended by `waker`."""
+    pid: int
+    tid: int
+    where: str                      # its innermost Python frame when it blocked ("" : none)
+    waker: str                      # "task", "timer", "irq" or "unknown"
+    waker_pid: int = 0
+    waker_tid: int = 0
+    waker_where: str = ""           # the waker's innermost Python frame ("": none)
+
+
 @dataclass
 class ThreadInfo:
     """A thread's exact times inside the recording (ns; first/last from the
@@ -153,6 +165,8 @@ class Profile:
     thread_info: Dict[int, ThreadInfo] = field(default_factory=dict)
     # host pid/tid -> its id in its own PID namespace, where they differ
     ns_ids: Dict[int, int] = field(default_factory=dict)
+    # --wakers: ns of waits by who ended them (waits that ended inside the recording)
+    wakes: Dict[Wake, int] = field(default_factory=dict)
 
     def add(self, key: StackKey, ns: int, count: int = 1) -> None:
         if ns <= 0:

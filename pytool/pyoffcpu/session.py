@@ -59,6 +59,7 @@ class Options:
     uid: Optional[int] = None
     python_only: bool = False
     follow: bool = False            # --subprocesses: the targets' children too
+    wakers: bool = False            # --wakers: who ended each wait
     # --min-block-us / --max-block-us: waits shorter / longer are left out (ns; 0: no bound)
     min_block_ns: int = 0
     max_block_ns: int = 0
@@ -139,6 +140,9 @@ class Recording:
     notices: List[str] = field(default_factory=list)
     exit_status: Optional[int] = None       # of a launched command
     exact_on_cpu: bool = False              # on-CPU per thread from switch timestamps
+    # --wakers: (tgid, tid, kind, pystack, waker kind, waker tgid, waker tid, waker
+    # pystack) -> [waits, ns]
+    wakes: Dict[tuple, List[int]] = field(default_factory=dict)
     # waits left out by --min-block-us / --max-block-us: [how many, ns]
     block_filtered: List[int] = field(default_factory=lambda: [0, 0])
 
@@ -201,6 +205,7 @@ class Session:
             f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
             f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
+            f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
         ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX"), p.pt_regs_offsets)]
         from .platform import BTF_PATH
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
@@ -325,10 +330,26 @@ class Session:
         return out + [(k.tgid, k.tid, k.ustack, k.kstack, k.pystack, k.kind, k.nstack, v.count, v.ns)
                       for k, v in items]
 
+    def _take_wakes(self, final: bool):
+        """--wakers: the waits of the old generation (all at the end), by waker."""
+        if "wake_agg" not in self.bpf:
+            return
+        table = self.bpf["wake_agg"]
+        old = self._gen ^ 1             # _take_agg flipped it
+        items = [(k, v) for k, v in table.items() if final or k.gen == old]
+        _delete_all(table, [k for k, _ in items])
+        for k, v in items:
+            key = (k.tgid, k.tid, k.kind, k.pystack, k.waker_kind, k.waker_tgid, k.waker_tid,
+                   k.waker_pystack)
+            acc = self.rec.wakes.setdefault(key, [0, 0])
+            acc[0] += v.count
+            acc[1] += v.ns
+
     def _drain(self, final: bool = False):
         """Move the aggregated times out of the kernel so the maps stay small."""
         flip_ns = time.monotonic_ns()
         items = self._take_agg(final)
+        self._take_wakes(final)
         # Python stacks BPF sent before those times were added are in the
         # perf buffer now.
         self.bpf.perf_buffer_poll(timeout=0)

@@ -43,6 +43,33 @@ def reasons_text(by_reason: Dict[str, int], n: int = 3) -> str:
     return ", ".join(f"{r} {100 * ns / total:.0f}%" for r, ns in top)
 
 
+def wake_lines(prof: Profile, n: int = 10) -> List[str]:
+    """--wakers: for the threads that waited longest, their main wait and
+    who ended it most: `thread 12 worker: 2.10 s in Queue.get (queue.py:171),
+    woken 93% by thread 11 main in producer (app.py:41)`."""
+    acc: Dict[int, Dict[str, Dict[tuple, int]]] = {}
+    for w, ns in prof.wakes.items():
+        who = (w.waker, w.waker_pid, w.waker_tid, w.waker_where)
+        by_who = acc.setdefault(w.tid, {}).setdefault(w.where, {})
+        by_who[who] = by_who.get(who, 0) + ns
+    rows = []
+    for tid, places in acc.items():
+        where, by_who = max(places.items(), key=lambda kv: sum(kv[1].values()))
+        total = sum(by_who.values())
+        who, ns = max(by_who.items(), key=lambda kv: kv[1])
+        rows.append((total, tid, where, who, ns))
+    out = []
+    for total, tid, where, (kind, wpid, wtid, wwhere), ns in sorted(rows, reverse=True)[:n]:
+        if kind == "task":
+            name = prof.threads.get(wtid) or prof.processes.get(wpid, "?")
+            by = f"thread {wtid} {name}" + (f" in {wwhere}" if wwhere else " (no Python frames)")
+        else:
+            by = {"timer": "a timer", "irq": "an interrupt"}.get(kind, "an unknown waker")
+        out.append(f"  {prof.thread_root(tid)}: {fmt_s(total)} in {where or 'native code'}, "
+                   f"woken {100 * ns / total:.0f}% by {by}")
+    return out
+
+
 def top_functions(prof: Profile, n: int = 10) -> List[Tuple[str, int, int]]:
     """(label, wall ns, on-CPU ns) of the frames the time is spent in: the
     innermost Python frame of each stack (with its line), or the innermost
@@ -222,6 +249,10 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     if everyone:
         lines.append("  off-CPU by reason, all threads: " + ", ".join(
             f"{r} {fmt_s(ns)}" for r, ns in sorted(everyone.items(), key=lambda kv: -kv[1])))
+    woken = wake_lines(prof)
+    if woken:
+        lines.append("  who ended the waits (--wakers; the longest-waiting threads, their main wait):")
+        lines.extend(woken)
     if total:
         lines.append(f"  where the time goes (innermost Python frame; all threads, {fmt_s(total)}):")
         for label, ns, on in top_functions(prof, top):

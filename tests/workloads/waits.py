@@ -8,6 +8,8 @@ place (tests/test_reasons_bpf.py):
              then an Event until the holder's next turn          -> lock
   holder     holds that lock: time.sleep(0.04) inside, 0.01 out  -> sleep
   writer     time.sleep(0.05), then one byte into the pipe       -> sleep
+  owner      holds lock2 40 of every 50 ms                       -> sleep
+  contender  lock2.acquire, then sleeps 20 ms: woken by the owner's release
 
 Prints `tid NAME NATIVE_ID` per thread, then `ready`; runs argv[1] seconds.
 """
@@ -19,6 +21,7 @@ import time
 
 END = time.monotonic() + (float(sys.argv[1]) if len(sys.argv) > 1 else 30.0)
 lock = threading.Lock()
+lock2 = threading.Lock()
 turn = threading.Event()
 data_r, data_w = os.pipe()
 empty_r, _empty_w = os.pipe()
@@ -63,15 +66,30 @@ def locked():
         turn.wait(1)
 
 
+def owner():
+    while time.monotonic() < END:
+        lock2.acquire()
+        time.sleep(0.04)
+        lock2.release()             # RELEASE
+        time.sleep(0.01)
+
+
+def contender():
+    while time.monotonic() < END:
+        lock2.acquire()             # CONTEND
+        lock2.release()
+        time.sleep(0.02)
+
+
 def main():
     started = []
-    for fn in (sleeper, reader, writer, selector, holder, locked):
+    for fn in (sleeper, reader, writer, selector, holder, locked, owner, contender):
         def run(fn=fn):
             started.append((fn.__name__, threading.get_native_id()))
             fn()
         t = threading.Thread(target=run, name=fn.__name__, daemon=True)
         t.start()
-    while len(started) < 6:
+    while len(started) < 8:
         time.sleep(0.01)
     for name, tid in started:
         print("tid", name, tid, flush=True)

@@ -110,6 +110,8 @@ def metadata(profile: Profile) -> dict:
             "on_cpu_measure": "switch timestamps" if meta.exact_on_cpu else "samples",
             "python_version": meta.python_version, "target": meta.target,
             "drops": dict(meta.drops), "drops_ns": dict(meta.drops_ns), "threads": threads,
+            "wakes": [dict(w.__dict__, ns=ns) for w, ns in
+                      sorted(profile.wakes.items(), key=lambda kv: (-kv[1], kv[0].tid))],
             "ns_pids": {str(p): n for p, n in sorted(profile.ns_ids.items())
                         if p in profile.processes}}
 
