@@ -158,12 +158,13 @@ def test_min_and_max_block_leave_out_whole_waits_and_say_how_much(tmp_path, bpf)
     assert 0.65e9 <= holder <= 0.9e9, holder      # its 40 ms of every 50
 
 
-def test_wakers_name_who_ended_each_wait(tmp_path, bpf):
+@pytest.mark.parametrize("label", LABELS)
+def test_wakers_name_who_ended_each_wait(tmp_path, bpf, label):
     """--wakers on waits.py: the pipe reader is woken by the writer at its
     write, the lock contender by the owner at its release, the sleeper and
     the select loop by timers."""
     from conftest import source_line
-    python = python_or_skip("pyenv-3.11")
+    python = python_or_skip(label)
     w = Workload(python, "waits.py", 60)
     try:
         tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
