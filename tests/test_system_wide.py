@@ -20,9 +20,11 @@ EXEC_LINES = {
 }
 
 
-def spinner(label, *, via_shell=False):
-    """A process that spins in execs.py's after_exec() for SPIN_S of CPU."""
+def spinner(label, *, via_shell=False, sleep=0.0):
+    """A process that spins in execs.py's after_exec() for SPIN_S of CPU
+    (after `sleep` seconds asleep)."""
     path = python_or_skip(label)
+    environ = dict(os.environ, EXECS_SLEEP=str(sleep))
     if label.startswith("debian-3.14") or label.startswith("ft-"):
         return subprocess.Popen(chroot_cmd(label, os.path.join(chroot_workloads(), "execs.py"),
                                            "after", SPIN_S))
@@ -30,8 +32,8 @@ def spinner(label, *, via_shell=False):
     if via_shell:
         # a shell wrapper that execs Python (what start-up scripts do): the
         # process is a shell first, Python after its exec
-        return subprocess.Popen(["/bin/sh", "-c", 'sleep 0.3; exec "$@"', "sh", *argv])
-    return subprocess.Popen(argv)
+        return subprocess.Popen(["/bin/sh", "-c", 'sleep 0.3; exec "$@"', "sh", *argv], env=environ)
+    return subprocess.Popen(argv, env=environ)
 
 
 def python_share(prof, pid):
@@ -65,10 +67,14 @@ def test_every_python_process_is_found_with_exact_frames(tmp_path, bpf):
         rec = subprocess.Popen(pyoffcpu_cmd("-a", "-d", str(RECORD_S), "-o", str(out)), env=env(),
                                stderr=subprocess.PIPE, text=True)
         wait_for_recording(rec)
-        # started during the recording: one directly, one through a shell that execs it
+        # started during the recording: one directly, one through a shell that
+        # execs it.  Each is walked natively until it is found: that is its
+        # start-up (~25 ms of CPU) and no more, since it sleeps 0.3 s before
+        # it spins (found while spinning, 7 CPU hogs on 2 cores made the
+        # finding's delay 5-7% of its samples)
         time.sleep(0.5)
-        late["started"] = spinner("pyenv-3.12")
-        late["wrapped"] = spinner("debian-3.11", via_shell=True)
+        late["started"] = spinner("pyenv-3.12", sleep=0.3)
+        late["wrapped"] = spinner("debian-3.11", via_shell=True, sleep=0.3)
         stderr = rec.communicate(timeout=120)[1]
         assert rec.returncode == 0, stderr
     finally:

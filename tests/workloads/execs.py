@@ -28,6 +28,9 @@ def after_exec(seconds):
 
 
 if __name__ == "__main__":
+    # $EXECS_SLEEP: seconds asleep before the work (a process started during
+    # a recording is found meanwhile, not while it spins)
+    time.sleep(float(os.environ.get("EXECS_SLEEP", "0")))
     if sys.argv[1] == "after":
         after_exec(float(sys.argv[2]))
     else:
