@@ -217,13 +217,25 @@ class Session:
             self.bpf = bpfload.load(_bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), cflags,
                                     sizes=map_sizes(o, tables=unwind_loader.tables_on(self._unwind_cflags)),
                                     skip=() if switches else ("sched_switch",),
-                                    preload=[("on_cpu_sample", bpfload.PERF_EVENT)] if sampled else [],
+                                    preload=([("on_cpu_sample", bpfload.PERF_EVENT)] if sampled else [])
+                                    + [(fn, bpfload.RAW_TRACEPOINT) for fn in self._wake_programs()],
                                     optional=unwind_loader.program_specs(sampled, switches),
                                     notices=self.rec.notices)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
                                 "check that the kernel has BPF and `make install` set up headers")
         self._control = self.bpf["control"]
+
+    # --wakers: the interrupt-context tracepoints, exits first (see bpf: wake_irq_enter)
+    WAKE_ATTACH = (("irq_handler_exit", "wake_irq_leave"), ("softirq_exit", "wake_irq_leave"),
+                   ("hrtimer_expire_exit", "wake_timer_leave"),
+                   ("irq_handler_entry", "wake_irq_enter"), ("softirq_entry", "wake_irq_enter"),
+                   ("hrtimer_expire_entry", "wake_timer_enter"))
+
+    def _wake_programs(self) -> List[str]:
+        if not (self.opts.wakers and self.opts.mode in ("wall", "off")):
+            return []
+        return sorted({fn for _, fn in self.WAKE_ATTACH})
 
     def _attach(self):
         from .bpfload import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE
@@ -234,7 +246,10 @@ class Session:
                                            fn_name=b"on_cpu_sample",
                                            sample_period=int(1e9 // o.frequency), cpu=-1)
             # the raw tracepoints are attached at load (raw_tracepoint__*; in cpu
-            # mode not sched_switch)
+            # mode not sched_switch); --wakers' interrupt ones here, in order
+            if self._wake_programs():
+                for tp, fn in self.WAKE_ATTACH:
+                    self.bpf.attach_raw_tracepoint(tp=tp, fn_name=fn)
         except Exception as e:
             raise ProfilerError(f"cannot attach BPF: {e}", "is this kernel built with perf events?")
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
@@ -295,61 +310,31 @@ class Session:
     def _take_agg(self, final: bool) -> List[tuple]:
         """The aggregated times BPF no longer adds to: the old generation (the
         end mark stops BPF entirely, so at the end everything), as tuples
-        (tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns)."""
-        agg = self.bpf["agg"]
+        (tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns); with
+        --wakers the same generation of wake_agg goes into rec.wakes."""
+        old = None
         if not final:
             old = self._gen
             self._gen ^= 1
             self._write_control(gen=self._gen)
             time.sleep(GRACE_S)
-        kfmt = _unpack_format(agg.Key, AGG_KEY_FIELDS)
-        vfmt = _unpack_format(agg.Leaf, AGG_VALUE_FIELDS)
-        out, stale = [], []
-        try:
-            if kfmt is None or vfmt is None:
-                raise ValueError("not the layout of AGG_KEY_FIELDS")
-            ks = struct.calcsize(kfmt)
-            for kb, vb, n in agg.raw_lookup_batch(delete=final):
-                for i, ((tgid, tid, ustack, kstack, pystack, kind, gen, nstack), (count, ns)) in \
-                        enumerate(zip(struct.iter_unpack(kfmt, kb), struct.iter_unpack(vfmt, vb))):
-                    if final or gen == old:
-                        out.append((tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns))
-                        if not final:
-                            stale.append(kb[i * ks:(i + 1) * ks])
-            if stale:
-                _delete_all(agg, (agg.Key * len(stale)).from_buffer_copy(b"".join(stale)))
-            return out
-        except Exception:                       # noqa: BLE001 (kernels without batch ops)
-            if not final:
-                out = []                        # nothing deleted yet: all read again below
-        # one entry at a time; at the end, what a failed batch took is in out
-        items = list(agg.items())
-        if not final:
-            items = [(k, v) for k, v in items if k.gen == old]
-        _delete_all(agg, [k for k, _ in items])
-        return out + [(k.tgid, k.tid, k.ustack, k.kstack, k.pystack, k.kind, k.nstack, v.count, v.ns)
-                      for k, v in items]
-
-    def _take_wakes(self, final: bool):
-        """--wakers: the waits of the old generation (all at the end), by waker."""
-        if "wake_agg" not in self.bpf:
-            return
-        table = self.bpf["wake_agg"]
-        old = self._gen ^ 1             # _take_agg flipped it
-        items = [(k, v) for k, v in table.items() if final or k.gen == old]
-        _delete_all(table, [k for k, _ in items])
-        for k, v in items:
-            key = (k.tgid, k.tid, k.kind, k.pystack, k.waker_kind, k.waker_tgid, k.waker_tid,
-                   k.waker_pystack)
-            acc = self.rec.wakes.setdefault(key, [0, 0])
-            acc[0] += v.count
-            acc[1] += v.ns
+        if "wake_agg" in self.bpf:
+            for k, (count, ns) in _take_generation(self.bpf["wake_agg"], WAKE_KEY_FIELDS,
+                                                   AGG_VALUE_FIELDS, final, old):
+                w = dict(zip(WAKE_KEY_FIELDS, k))
+                key = tuple(w[f] for f in ("tgid", "tid", "kind", "pystack", "waker_kind",
+                                           "waker_tgid", "waker_tid", "waker_pystack"))
+                acc = self.rec.wakes.setdefault(key, [0, 0])
+                acc[0] += count
+                acc[1] += ns
+        return [(tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns)
+                for (tgid, tid, ustack, kstack, pystack, kind, _gen, nstack), (count, ns)
+                in _take_generation(self.bpf["agg"], AGG_KEY_FIELDS, AGG_VALUE_FIELDS, final, old)]
 
     def _drain(self, final: bool = False):
         """Move the aggregated times out of the kernel so the maps stay small."""
         flip_ns = time.monotonic_ns()
         items = self._take_agg(final)
-        self._take_wakes(final)
         # Python stacks BPF sent before those times were added are in the
         # perf buffer now.
         self.bpf.perf_buffer_poll(timeout=0)
@@ -828,9 +813,9 @@ class Session:
                                          select=select, self_pid=os.getpid(), follow=o.follow,
                                          on_python=self._fix_blocked if o.mode != "cpu" else None,
                                          exit_events=self.platform.exit_group_dead)
-        self._write_control(min_block_ns=o.min_block_ns, max_block_ns=o.max_block_ns)
         self._write_control(self_tgid=os.getpid(), discover=int(o.system_wide and o.filtered),
-                            follow=int(o.follow))
+                            follow=int(o.follow), min_block_ns=o.min_block_ns,
+                            max_block_ns=o.max_block_ns)
         launched = None
         if o.command:
             # Registered before it execs, so its first instructions are profiled;
@@ -950,9 +935,46 @@ class Session:
 
 AGG_KEY_FIELDS = ("tgid", "tid", "ustack", "kstack", "pystack", "kind", "gen", "nstack")
 AGG_VALUE_FIELDS = ("count", "ns")
+WAKE_KEY_FIELDS = ("tgid", "tid", "kind", "waker_kind", "pystack", "waker_pystack", "waker_tgid",
+                   "waker_tid", "gen", "pad")
 _CHARS = {ctypes.c_uint32: "I", ctypes.c_int32: "i", ctypes.c_uint64: "Q", ctypes.c_int64: "q",
           ctypes.c_uint16: "H", ctypes.c_int16: "h", ctypes.c_uint8: "B", ctypes.c_int8: "b"}
 _FORMATS: Dict[type, Optional[str]] = {}
+
+
+def _take_generation(table, key_fields: Tuple[str, ...], value_fields: Tuple[str, ...],
+                     final: bool, old: Optional[int]) -> List[Tuple[tuple, tuple]]:
+    """(key, value) field tuples of a map's entries of generation `old`
+    (key field `gen`; every entry when final), deleted from the map: a few
+    batched syscalls, unpacked without a ctypes object per entry; one entry
+    at a time where the kernel has no batch ops."""
+    kfmt = _unpack_format(table.Key, key_fields)
+    vfmt = _unpack_format(table.Leaf, value_fields)
+    g = key_fields.index("gen")
+    out, stale = [], []
+    try:
+        if kfmt is None or vfmt is None:
+            raise ValueError("not the layout of " + ", ".join(key_fields))
+        ks = struct.calcsize(kfmt)
+        for kb, vb, n in table.raw_lookup_batch(delete=final):
+            for i, (k, v) in enumerate(zip(struct.iter_unpack(kfmt, kb), struct.iter_unpack(vfmt, vb))):
+                if final or k[g] == old:
+                    out.append((k, v))
+                    if not final:
+                        stale.append(kb[i * ks:(i + 1) * ks])
+        if stale:
+            _delete_all(table, (table.Key * len(stale)).from_buffer_copy(b"".join(stale)))
+        return out
+    except Exception:                       # noqa: BLE001 (kernels without batch ops)
+        if not final:
+            out = []                        # nothing deleted yet: all read again below
+    # one entry at a time; at the end, what a failed batch took is in out
+    items = list(table.items())
+    if not final:
+        items = [(k, v) for k, v in items if k.gen == old]
+    _delete_all(table, [k for k, _ in items])
+    return out + [(tuple(getattr(k, f) for f in key_fields), tuple(getattr(v, f) for f in value_fields))
+                  for k, v in items]
 
 
 def _unpack_format(ctype, names: Tuple[str, ...]) -> Optional[str]:
