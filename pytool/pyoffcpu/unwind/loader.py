@@ -10,9 +10,9 @@ native stacks back.
   (dlopen).  `collect()` frees the tables no process refers to any more.
   `stack(hash)` returns a walked stack.
 
-Freeing is exact by construction.  User space counts, per table, the
-processes whose entries it wrote with it; BPF only deletes entries (exec,
-exit, a reused PID), so the count is never short, except where BPF copies
+Freeing is exact by construction.  User space keeps, per process, the
+tables of the entry it wrote; BPF only deletes entries (exec, exit, a
+reused PID), so no table in use is missing from them, except where BPF copies
 a parent's entry to a child it follows (--subprocesses, `copies`): there a
 table no written entry uses is freed only if `unwind_procs` itself has no
 entry that refers to it.  And a table goes only when two looks at least
@@ -111,14 +111,12 @@ class NativeUnwinder:
         self._full_noticed = False
         self.stacks_read = 0
         self.procs_full = 0             # processes left without tables: unwind_procs full
-        self.rows_loaded = 0            # entries of the tables in the kernel now
         self.tables_freed = 0
         self._procs = self._nstacks = self._files = None
         self._free_slots: List[int] = []
         self._unreferenced: set = set()     # keys no entry referred to at the last look
         self._changed = False           # entries written or deleted since the last look
-        self._users: Dict[int, set] = {}        # slot -> pids whose entry user space wrote with it
-        self._slots_of: Dict[int, set] = {}     # pid -> the slots of its entry
+        self._slots_of: Dict[int, set] = {}     # pid -> the slots of the entry user space wrote
         self.copies = False             # BPF copies entries (follow_child): look at them too
         self.kernel_looks = 0
         self._looked = 0.0
@@ -173,7 +171,6 @@ class NativeUnwinder:
                                     "walked by frame pointer")
                 self._objects[key] = None
                 return None
-            self.rows_loaded += loaded.entries
         self._objects[key] = loaded
         return loaded
 
@@ -211,8 +208,9 @@ class NativeUnwinder:
                                                   now - self._looked >= COLLECT_IDLE_S):
             return 0
         self._looked, self._changed = now, False
+        used = set().union(*self._slots_of.values())
         unreferenced = {k for k, lo in self._objects.items()
-                        if lo is not None and lo.slot >= 0 and not self._users.get(lo.slot)}
+                        if lo is not None and lo.slot >= 0 and lo.slot not in used}
         if unreferenced and self.copies:
             self.kernel_looks += 1
             referenced = set()
@@ -227,8 +225,6 @@ class NativeUnwinder:
             except KeyError:
                 pass
             self._free_slots.append(lo.slot)
-            self._users.pop(lo.slot, None)
-            self.rows_loaded -= lo.entries
             freed += 1
         self.tables_freed += freed
         self._unreferenced = unreferenced - self._unreferenced
@@ -314,26 +310,20 @@ class NativeUnwinder:
             me.start, me.end, me.base = start, end, base & 0xFFFFFFFFFFFFFFFF
             me.file, me.npages, me.nrows, me.page_shift = t.slot, t.npages, t.nrows, t.page_shift
         self._changed = True
-        old = self._slots_of.get(pid, set())
         new = {t.slot for _, _, _, t, _ in entries if t.slot >= 0}
         try:
             self._procs[self._procs.Key(pid)] = leaf
         except Exception:               # map full (MAX_UNWIND_PROCS): frame pointers
             self.procs_full += 1
-            self._use(pid, old | new)   # whichever entry the kernel has
+            self._slots_of[pid] = self._slots_of.get(pid, set()) | new   # whichever entry it has
             return False
-        self._use(pid, new)
+        self._slots_of[pid] = new
         return True
 
-    def _use(self, pid: int, slots: set) -> None:
-        """pid's entry refers to these slots now."""
-        old = self._slots_of.pop(pid, set())
-        for s in old - slots:
-            self._users.get(s, set()).discard(pid)
-        for s in slots - old:
-            self._users.setdefault(s, set()).add(pid)
-        if slots:
-            self._slots_of[pid] = slots
+    @property
+    def rows_loaded(self) -> int:
+        """Entries of the tables in the kernel now."""
+        return sum(lo.entries for lo in self._objects.values() if lo is not None and lo.slot >= 0)
 
     def missed(self, min_interval: float = 0.1) -> List[int]:
         """Processes whose stacks reached code in no known mapping since the
@@ -391,7 +381,7 @@ class NativeUnwinder:
     def forget(self, pid: int) -> None:
         self._proc_keys.pop(pid, None)
         self._regions.pop(pid, None)
-        self._use(pid, set())
+        self._slots_of.pop(pid, None)
         self._changed = True
         if self._procs is None:
             return
