@@ -924,12 +924,14 @@ static __always_inline void irq_move(int which, int by)
     else if (*d > 0)
         *d -= 1;
 }
-RAW_TRACEPOINT_PROBE(irq_handler_entry) { irq_move(0, 1); return 0; }
-RAW_TRACEPOINT_PROBE(irq_handler_exit) { irq_move(0, -1); return 0; }
-RAW_TRACEPOINT_PROBE(softirq_entry) { irq_move(0, 1); return 0; }
-RAW_TRACEPOINT_PROBE(softirq_exit) { irq_move(0, -1); return 0; }
-RAW_TRACEPOINT_PROBE(hrtimer_expire_entry) { irq_move(1, 1); return 0; }
-RAW_TRACEPOINT_PROBE(hrtimer_expire_exit) { irq_move(1, -1); return 0; }
+/* Attached by the session (Session._attach_wakers), every exit before any
+ * entry: an entry that fired while its exit was not attached yet would leave
+ * its CPU "in an interrupt" for good, and every wakeup on it a timer's.
+ * irq_handler_* and softirq_* share wake_irq_*, hrtimer_expire_* wake_timer_*. */
+int wake_irq_enter(struct bpf_raw_tracepoint_args *ctx) { irq_move(0, 1); return 0; }
+int wake_irq_leave(struct bpf_raw_tracepoint_args *ctx) { irq_move(0, -1); return 0; }
+int wake_timer_enter(struct bpf_raw_tracepoint_args *ctx) { irq_move(1, 1); return 0; }
+int wake_timer_leave(struct bpf_raw_tracepoint_args *ctx) { irq_move(1, -1); return 0; }
 
 /* --wakers: a thread is woken.  Runs in the waker's context (sched_wakeup
  * may run on the wakee's CPU: not used).  Bystanders cost the target test

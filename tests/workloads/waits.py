@@ -15,6 +15,7 @@ Prints `tid NAME NATIVE_ID` per thread, then `ready`; runs argv[1] seconds.
 """
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -74,14 +75,33 @@ def owner():
         time.sleep(0.01)
 
 
+# The contender's own clock of its lock waits: SIGUSR2 prints `contended NS`,
+# the wait since the last SIGUSR2 (a wait under way is cut at the signal).
+CONTENDED = [0, None]               # ns counted, start of the wait under way
+
+
 def contender():
     while time.monotonic() < END:
+        CONTENDED[1] = time.monotonic_ns()
         lock2.acquire()             # CONTEND
+        CONTENDED[0] += time.monotonic_ns() - CONTENDED[1]
+        CONTENDED[1] = None
         lock2.release()
         time.sleep(0.02)
 
 
+def mark(*_):
+    now = time.monotonic_ns()
+    since = CONTENDED[1]
+    total = CONTENDED[0] + (now - since if since is not None else 0)
+    CONTENDED[0] = 0
+    if since is not None:
+        CONTENDED[1] = now
+    print("contended", total, flush=True)
+
+
 def main():
+    signal.signal(signal.SIGUSR2, mark)
     started = []
     for fn in (sleeper, reader, writer, selector, holder, locked, owner, contender):
         def run(fn=fn):
