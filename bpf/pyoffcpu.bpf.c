@@ -520,16 +520,26 @@ static __always_inline void add_wake(u32 tid, u64 from, struct stack_key *key, u
     struct wake_key wk = {};
     wk.tgid = key->tgid;
     wk.tid = tid;
-    wk.kind = key->kind;
+    wk.ustack = key->ustack;
+    wk.kstack = key->kstack;
     wk.pystack = key->pystack;
+    wk.kind = key->kind;
+    wk.gen = key->gen;              /* add_time set it */
+    wk.nstack = key->nstack;
     struct waker_t *w = last_waker.lookup(&tid);
     if (w && w->ts >= from) {
         wk.waker_kind = w->kind;
         wk.waker_tgid = w->tgid;
         wk.waker_tid = w->tid;
+        wk.waker_ustack = w->ustack;
+        wk.waker_kstack = w->kstack;
         wk.waker_pystack = w->pystack;
+        wk.waker_nstack = w->nstack;
+        wk.waker_comm0 = w->comm[0];
+        wk.waker_comm1 = w->comm[1];
+    } else {
+        wk.waker_ustack = wk.waker_kstack = -1;
     }
-    wk.gen = key->gen;              /* add_time set it */
     struct stack_value init = {};
     struct stack_value *v = wake_agg.lookup_or_try_init(&wk, &init);
     if (!v)
@@ -933,9 +943,31 @@ int wake_irq_leave(struct bpf_raw_tracepoint_args *ctx) { irq_move(0, -1); retur
 int wake_timer_enter(struct bpf_raw_tracepoint_args *ctx) { irq_move(1, 1); return 0; }
 int wake_timer_leave(struct bpf_raw_tracepoint_args *ctx) { irq_move(1, -1); return 0; }
 
+/* The waker of s->wakee, its stacks taken (s->key: the waker's): kept as
+ * that thread's last waker. */
+static __always_inline void wake_recorded(struct unwind_state *s)
+{
+    struct waker_t w = {};
+    w.ts = s->ts;
+    w.kind = s->key.kind;
+    w.tgid = s->key.tgid;
+    w.tid = s->key.tid;
+    w.ustack = s->key.ustack;
+    w.kstack = s->key.kstack;
+    w.pystack = s->key.pystack;
+    w.nstack = s->key.nstack;
+    if (w.kind == WAKER_TASK)
+        bpf_get_current_comm(&w.comm, sizeof(w.comm));
+    u32 wakee = s->wakee;
+    last_waker.update(&wakee, &w);
+}
+
 /* --wakers: a thread is woken.  Runs in the waker's context (sched_wakeup
- * may run on the wakee's CPU: not used).  Bystanders cost the target test
- * only: the wakee's tgid against the inline target list. */
+ * may run on the wakee's CPU: not used), with interrupts off (p->pi_lock).
+ * Bystanders cost the target test only: the wakee's tgid against the inline
+ * target list.  A waker in a target process gets its stacks taken as a
+ * switch-out's are (capture, then unwind_wake for the native walk); one in
+ * another process its kernel stack only (its mappings are not known). */
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
     int zero = 0;
@@ -948,35 +980,40 @@ RAW_TRACEPOINT_PROBE(sched_waking)
     if (!wtgid || !is_target(ctl, wtgid))
         return 0;
     bpf_probe_read_kernel(&wtid, sizeof(wtid), (void *)(p + TASK_PID_OFF));
-    struct waker_t w = {};
-    w.ts = bpf_ktime_get_ns();
+    int slot = 2;
+    struct unwind_state *us = unwind_scratch.lookup(&slot);
+    if (!us)
+        return 0;
+    struct stack_key *key = &us->key;
+    __builtin_memset(key, 0, sizeof(*key));
+    key->ustack = key->kstack = -1;
+    us->ready = 0;
+    us->wakee = wtid;
+    us->ts = bpf_ktime_get_ns();
     int one = 1;
     u32 *timer = irq_depth.lookup(&one);
     u32 *irq = irq_depth.lookup(&zero);
     if (timer && *timer) {
-        w.kind = WAKER_TIMER;
+        key->kind = WAKER_TIMER;
     } else if (irq && *irq) {
-        w.kind = WAKER_IRQ;
+        key->kind = WAKER_IRQ;
     } else {
         u64 id = bpf_get_current_pid_tgid();
-        w.kind = WAKER_TASK;
-        w.tgid = id >> 32;
-        w.tid = (u32)id;
-        struct proc_info *pi = procs.lookup(&w.tgid);
-        int slot = 2;
-        struct pystack *st = scratch.lookup(&slot);
-        if (pi && st) {
-            u64 h = walk_python(pi, st, w.tgid);
-            w.pystack = h;
-            if (h && !pystack_seen.lookup(&h)) {
-                u8 seen = 1;
-                if (pystack_seen.insert(&h, &seen) != 0)
-                    count_drop(DROP_PYSTACK_FULL);
-                pystack_events.perf_submit(ctx, st, sizeof(*st));
-            }
+        u32 tgid = id >> 32;
+        key->kind = WAKER_TASK;     /* before the tail call: it does not return */
+        if (procs.lookup(&tgid)) {
+            capture(ctx, key, tgid, (u32)id, 2);
+            unwind_wake_progs.call(ctx, 0);
+            us->ready = 0;          /* the tail call failed: no native stack */
+        } else {
+            key->tgid = tgid;
+            key->tid = (u32)id;
+#if KERNEL_STACKS
+            key->kstack = kstacks.get_stackid(ctx, 0);
+#endif
         }
     }
-    last_waker.update(&wtid, &w);
+    wake_recorded(us);
     return 0;
 }
 #endif

@@ -172,20 +172,31 @@ struct pystack_fix {
 struct waker_t {
     unsigned long long ts;          /* when it woke the thread */
     unsigned long long pystack;     /* the waker's Python stack (a registered target), 0: none */
+    unsigned long long nstack;      /* its native stack (nstacks), 0: none */
+    unsigned long long comm[2];     /* its name (bpf_get_current_comm), as two words */
     unsigned int kind;              /* WAKER_* */
     unsigned int tgid, tid;         /* the waker (WAKER_TASK) */
+    int ustack, kstack;             /* its frame-pointer and kernel stack ids, < 0: none */
     unsigned int pad;
 };
-/* One wait's wakee and waker, aggregated (wake_agg) in wall and off mode. */
+/* One wait's wakee and waker, aggregated (wake_agg) in wall and off mode.
+ * The first fields are the wait's stack_key, field for field (its time in
+ * agg is the same wait's: user space splits it by waker); flat, so that
+ * user space unpacks it as it does agg's keys. */
 struct wake_key {
     unsigned int tgid, tid;         /* the thread that waited */
+    int ustack, kstack;
+    unsigned long long pystack;
     unsigned int kind;              /* its stack_key.kind (the state, the system call) */
-    unsigned int waker_kind;
-    unsigned long long pystack;     /* its Python stack when it blocked */
-    unsigned long long waker_pystack;
-    unsigned int waker_tgid, waker_tid;
     unsigned int gen;               /* drain generation, as stack_key.gen */
-    unsigned int pad;
+    unsigned long long nstack;
+    unsigned int waker_kind;
+    unsigned int waker_tgid, waker_tid;
+    int waker_ustack, waker_kstack;
+    unsigned int waker_pad;
+    unsigned long long waker_pystack;
+    unsigned long long waker_nstack;
+    unsigned long long waker_comm0, waker_comm1;
 };
 
 /* Indexes of the drops counter array. */

@@ -65,12 +65,13 @@ BPF_F_TABLE("array", u32, struct unwind_row, unwind_files_inner, 1, BPF_F_MMAPAB
 BPF_ARRAY_OF_MAPS(unwind_files, "unwind_files_inner", MAX_UNWIND_FILES);
 BPF_F_TABLE("hash", u32, struct proc_unwind, unwind_procs, MAX_UNWIND_PROCS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", u64, struct native_stack, nstacks, 32768, BPF_F_NO_PREALLOC);
-BPF_PERCPU_ARRAY(unwind_scratch, struct unwind_state, 2);   /* 0: on-CPU, 1: sched_switch */
+BPF_PERCPU_ARRAY(unwind_scratch, struct unwind_state, 3);   /* 0: on-CPU, 1: sched_switch, 2: sched_waking */
 /* Per process: pcs found in no mapping of unwind_procs.  User space reads
  * the process's maps again when this grows (a library just loaded). */
 BPF_F_TABLE("hash", u32, u64, unwind_misses, MAX_UNWIND_PROCS, BPF_F_NO_PREALLOC);
 BPF_PROG_ARRAY(unwind_perf_progs, 1);
 BPF_PROG_ARRAY(unwind_tp_progs, 2);     /* 0: unwind_tp, 1: memo_tp (the entry) */
+BPF_PROG_ARRAY(unwind_wake_progs, 1);   /* --wakers: unwind_wake */
 
 /* The mapping holding pc, or 0.  maps[] is sorted by start and its
  * mappings are disjoint, so the one that holds pc is the only answer: the
@@ -576,5 +577,29 @@ int unwind_tp(void *ctx)
     switch_recorded(s);
     return 0;
 }
+
+#if WAKERS
+static __always_inline void wake_recorded(struct unwind_state *s);     /* pyoffcpu.bpf.c */
+
+/* sched_waking's finishing program: the waker's native stack, then its
+ * entry in last_waker. */
+int unwind_wake(void *ctx)
+{
+    int slot = 2;
+    struct unwind_state *s = unwind_scratch.lookup(&slot);
+    if (!s)
+        return 0;
+    if (s->ready) {
+        if (!unwind_run(s)) {
+            unwind_wake_progs.call(ctx, 0);
+            s->st.flags |= NST_TRUNCATED;
+        }
+        s->ready = 0;
+        unwind_store(s);
+    }
+    wake_recorded(s);
+    return 0;
+}
+#endif
 
 #endif

@@ -87,13 +87,16 @@ struct switch_memo_t {
 /* In-flight walk, per CPU: what the last unwinder run records. */
 struct unwind_state {
     struct stack_key key;
-    unsigned long long ts;          /* sched_switch: start of the off-CPU interval */
+    unsigned long long ts;          /* sched_switch: start of the off-CPU interval;
+                                       sched_waking: the wakeup */
     unsigned long long pc, sp, bp;
     unsigned long long hash;
     unsigned int calls;
     unsigned int ready;             /* set up by unwind_prepare() */
     unsigned int map_hint;          /* index in maps[] of the last frame's mapping */
     unsigned int win_len;           /* bytes of the stack in win, from win_lo; 0: none */
+    unsigned int wakee;             /* sched_waking: the thread woken (key: the waker's) */
+    unsigned int pad;
     unsigned long long win_lo;
     unsigned char win[UNWIND_WIN + 16];  /* a copy of the stack the walk is in */
     struct native_stack st;

@@ -438,3 +438,40 @@ def test_container_ids_are_shown_next_to_the_host_ids_and_read_back():
     assert render_folded(back) == text
     doc = json.loads(render_speedscope(p))
     assert doc["pyoffcpu"]["ns_pids"] == {"4242": 1}
+
+
+WAKER_FOLDED = """\
+process 1 app;thread 2 consumer;get (q.py:5);[off-cpu: lock];--;[woken by timer]_[w] 300
+process 1 app;thread 2 consumer;get (q.py:5);[off-cpu: lock];--;sem_post_[w];put (q.py:9)_[w];\
+thread 3 producer_[w] 700
+process 1 app;thread 2 consumer;get (q.py:5);[off-cpu: lock];--;futex_wake_[k]_[w];\
+thread 77 other_[w];process 76 other_[w] 50
+process 1 app;thread 2 consumer;get (q.py:5);[off-cpu: lock] 100
+"""
+
+
+def test_folded_waker_chains_read_back_and_are_written_alike():
+    """--wakers' folded contract (offwaketime's): the wait, `--`, the waker
+    leaf first with `_[w]` on every frame; a wait whose waker is not known
+    has no `--`.  Read back, each part is where it belongs."""
+    prof = from_folded(WAKER_FOLDED)
+    by_chain = {tuple(f.label() for f in k.waker): (k, ns) for k, ns in prof.weights.items()}
+    assert set(by_chain) == {("[woken by timer]",), ("sem_post", "put (q.py:9)", "thread 3 producer"),
+                             ("futex_wake_[k]", "thread 77 other", "process 76 other"), ()}
+    k, ns = by_chain[("sem_post", "put (q.py:9)", "thread 3 producer")]
+    assert (k.off_cpu, [f.label() for f in k.frames], ns) == ("lock", ["get (q.py:5)"], 700_000)
+    assert [f.kind.value for f in k.waker] == ["native", "python", "marker"]
+    assert by_chain[("futex_wake_[k]", "thread 77 other", "process 76 other")][0].waker[0].kind.value == "kernel"
+    assert sorted(render_folded(prof).splitlines()) == sorted(WAKER_FOLDED.splitlines())
+    # the wait's own totals do not change with its wakers
+    assert prof.off_cpu_by_reason() == {2: {"lock": 1_150_000}}
+
+
+def test_svg_colours_a_wakers_part_apart():
+    _, f = _frames(render_svg(from_folded(WAKER_FOLDED)))
+    fill = {k: v[2] for k, v in f.items()}
+    for label in ("--", "sem_post_[w]", "put (q.py:9)_[w]", "thread 3 producer_[w]", "[woken by timer]_[w]"):
+        r, g, b = _rgb(fill[label])
+        assert b >= 205 and r >= 150 and g <= 150, (label, fill[label])      # violet
+    assert _is_blue(fill["[off-cpu: lock]"]) and _is_blue(fill["get (q.py:5)"])
+    assert not _is_blue(fill["sem_post_[w]"])

@@ -202,6 +202,28 @@ def test_wakers_name_who_ended_each_wait(tmp_path, bpf, label):
     check("contender", 95, rf"thread {tids['owner']} \S+ in owner \(\S*waits\.py:{release}\)")
     check("sleeper", 95, "a timer")
     check("selector", 95, "a timer")
+    # the folded chains (offwaketime's): the wait, `--`, the waker's stack
+    # leaf first, each frame `_[w]`; the same answers, stack for stack
+    def chained(name, reason, test):
+        waits = [(k, ns) for k, ns in prof.weights.items()
+                 if k.tid == tids[name] and k.off_cpu == reason]
+        total = sum(ns for _, ns in waits)
+        good = sum(ns for k, ns in waits if k.waker and test(k.waker))
+        assert total > 0.5e9 and good >= SHARE * total, (
+            name, reason, total, [(k.waker, ns) for k, ns in waits][:5])
+
+    def woken_at(tid, line):
+        def test(chain):
+            py = [f for f in chain if f.kind.value == "python"]
+            return (bool(py) and py[0].line == line and py[0].file.endswith("waits.py")
+                    and chain[-1].name.startswith(f"thread {tid} "))
+        return test
+    chained("contender", "lock", woken_at(tids["owner"], release))
+    chained("reader", "io", woken_at(tids["writer"], write))
+    chained("sleeper", "sleep", lambda c: [f.name for f in c] == ["[woken by timer]"])
+    text = out.read_text()
+    assert re.search(r";\[off-cpu: lock\];--;[^;]*_\[w\];.*;owner \(\S*waits\.py:%d\)_\[w\];.*"
+                     r"thread %d \S+_\[w\] \d+$" % (release, tids["owner"]), text, re.M), text[:2000]
     # the contender's lock wait is the one it timed itself (the owner holds
     # the lock 40 ms of every 50, the contender comes back 20 ms after
     # taking it: about 30 of every 50 ms), within 2%

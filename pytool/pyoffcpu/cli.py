@@ -97,9 +97,10 @@ def fail(msg: str, todo: str = "", code: int = 1):
 @click.option("--max-block-us", type=click.IntRange(min=1), default=None, metavar="US",
               help="Leave out waits longer than US microseconds.")
 @click.option("--wakers", is_flag=True,
-              help="Record who ended each wait (a thread and its Python frame, a timer, an "
-                   "interrupt) and name the main waker of each thread's main wait in the summary "
-                   "(wall and off mode).")
+              help="Record who ended each wait (a thread and its stacks, a timer, an "
+                   "interrupt): each off-CPU stack goes on with `--` and the waker's frames, "
+                   "leaf first, suffixed _[w] (offwaketime's format), and the summary names "
+                   "the main waker of each thread's main wait (wall and off mode).")
 @click.option("--kernel", is_flag=True, help="Include kernel frames (suffix _[k]).")
 @click.option("--no-threads", is_flag=True, help="Merge all threads (no `thread` root frames).")
 @click.option("--full-paths", is_flag=True, help="Full source paths instead of sys.path-relative ones.")

@@ -49,6 +49,10 @@ class NativeFrame:
         return name == EVAL_FRAME or name.startswith(EVAL_FRAME + ".")
 
 
+# the kernel frames of BPF's own running at a raw tracepoint (bpf_trace_run4
+# for sched_switch, bpf_trace_run1 for sched_waking)
+_BPF_OWN = ("bpf_trace_run", "__bpf_trace_", "bpf_prog_")
+
 UNMAPPED_PC = NativeFrame(P.native_frame("[unknown]"), None, False)
 
 
@@ -61,6 +65,7 @@ class Merger:
         self._native_cache: Dict[Tuple[int, int], NativeFrame] = {}
         self._py_cache: Dict[int, Tuple[List[List[P.Frame]], bool]] = {}
         self._short = P.PathShortener()
+        self._waker_cache: Dict[tuple, Tuple[P.Frame, ...]] = {}
 
     # -- native ---------------------------------------------------------------
     def native_frame(self, pid: int, addr: int) -> Optional[NativeFrame]:
@@ -80,10 +85,18 @@ class Merger:
         return nf
 
     def kernel_frames(self, kstack: int) -> List[P.Frame]:
+        """Leaf first, without the profiler's own frames at the leaf (the
+        tracepoint's BPF trampoline and the JITed program, which has no
+        symbol)."""
         if self.ksym is None:
             return []
-        return [P.kernel_frame(self.ksym.resolve(a) or "[unknown]")
-                for a in self.rec.kstacks.get(kstack, [])]
+        names = [self.ksym.resolve(a) or "[unknown]" for a in self.rec.kstacks.get(kstack, [])]
+        i = 0
+        while i < len(names) and (names[i] == "[unknown]" or names[i].startswith(_BPF_OWN)):
+            i += 1
+        if i == len(names):
+            i = 0
+        return [P.kernel_frame(n) for n in names[i:]]
 
     # -- Python -----------------------------------------------------------------
     def python_groups(self, pyhash: int) -> Tuple[List[List[P.Frame]], bool]:
@@ -144,6 +157,36 @@ class Merger:
             if g:
                 return g[0].label(False, self._short)
         return ""
+
+    def waker_frames(self, waker: tuple, wakee_pid: int, shown: Dict[int, int]) -> Tuple[P.Frame, ...]:
+        """--wakers: a waker as folded prints it after `--`, leaf first: its
+        stack (kernel, native, Python), its thread, and its process when it
+        is another's; [woken by timer] / [woken by irq]; () when not known."""
+        wkind, wtgid, wtid, wus, wks, wph, comm = waker
+        kind = WAKER_KINDS.get(wkind, "unknown")
+        if kind == "timer":
+            return (P.WOKEN_BY_TIMER,)
+        if kind == "irq":
+            return (P.WOKEN_BY_IRQ,)
+        if kind != "task":
+            return ()
+        got = self._waker_cache.get(waker)
+        if got is not None:
+            return got
+        saved, self.stats = self.stats, MergeStats()    # the waits' stats only
+        try:
+            stack = self.frames_for(wtgid, wus, wks, wph, 0) if (wus >= 0 or wks >= 0 or wph) else ()
+        finally:
+            self.stats = saved
+        tid = shown.get(wtid, wtid)
+        thread = self.rec.threads.get(wtid)
+        name = thread.name if thread is not None and thread.tid > 0 else comm
+        out = tuple(reversed(stack)) + (P.Frame(P.FrameKind.MARKER, f"thread {tid} {name or '?'}"),)
+        if wtgid != wakee_pid:
+            pname = self.rec.comms.get(wtgid, "")
+            out += (P.Frame(P.FrameKind.MARKER, f"process {wtgid} {pname}".rstrip()),)
+        self._waker_cache[waker] = out
+        return out
 
     def _python_of(self, st):
         """The interpreter a Python stack was walked in: its own image's (a
@@ -266,8 +309,13 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
     shown = {tid: (t.first_tid if t.tid < 0 and t.threads == 1 else tid)
              for tid, t in rec.threads.items()}
     merger = Merger(rec, symbolizer, kernel_symbols)
+    # --wakers: each wait's time by who ended it (the rest of it: not known)
+    wakers_of: Dict[tuple, List[Tuple[tuple, int, int]]] = {}
+    for (wait, waker), (count, ns) in rec.wakes.items():
+        wakers_of.setdefault(wait, []).append((waker, count, ns))
     off_ns: Dict[int, int] = {}
-    for (tgid, tid, us, ks, ph, kind), (count, ns) in rec.stacks.items():
+    for skey, (count, ns) in rec.stacks.items():
+        tgid, tid, us, ks, ph, kind = skey
         frames = merger.frames_for(tgid, us, ks, ph, ns)
         tid = shown.get(tid, tid)
         if kind == KIND_ONCPU:
@@ -276,15 +324,26 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
                 frames = tuple(frames) + (P.GPU_SPIN,)
         else:
             reason = reasons.classify(*reasons.split_kind(kind), frames)
+            off_ns[tid] = off_ns.get(tid, 0) + ns
+            for waker, wcount, wns in wakers_of.get(skey, ()):
+                wns = min(wns, ns)
+                wcount = min(wcount, count)
+                chain = merger.waker_frames(waker, tgid, shown)
+                if not chain:
+                    continue            # not known: stays with the rest
+                prof.add(P.StackKey(tgid, tid, frames, reason, chain), wns, wcount)
+                ns -= wns
+                count -= wcount
         prof.add(P.StackKey(tgid, tid, frames, reason), ns, count)
         prof.processes.setdefault(tgid, rec.comms.get(tgid, "?"))
-        if kind != KIND_ONCPU:
-            off_ns[tid] = off_ns.get(tid, 0) + ns
-    for (tgid, tid, _kind, ph, wkind, wtgid, wtid, wph), (_count, ns) in rec.wakes.items():
-        waker = WAKER_KINDS.get(wkind, "unknown")
-        w = P.Wake(tgid, shown.get(tid, tid), merger.innermost_python(ph), waker,
-                   wtgid if waker == "task" else 0, shown.get(wtid, wtid) if waker == "task" else 0,
-                   merger.innermost_python(wph) if waker == "task" else "")
+    for (wait, waker), (_count, ns) in rec.wakes.items():
+        tgid, tid, _us, _ks, ph, _kind = wait
+        wkind, wtgid, wtid, _wus, _wks, wph, _comm = waker
+        kind = WAKER_KINDS.get(wkind, "unknown")
+        task = kind == "task"
+        w = P.Wake(tgid, shown.get(tid, tid), merger.innermost_python(ph), kind,
+                   wtgid if task else 0, shown.get(wtid, wtid) if task else 0,
+                   merger.innermost_python(wph) if task else "")
         prof.wakes[w] = prof.wakes.get(w, 0) + ns
     for tid, t in rec.threads.items():
         sid = shown[tid]

@@ -19,6 +19,7 @@ class FrameKind(enum.Enum):
     NATIVE = "native"
     KERNEL = "kernel"
     MARKER = "marker"       # [off-cpu], [truncated]
+    WAKER = "waker"         # --wakers: `--` and the waker's frames after it (labels only)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,13 @@ NO_STACK = Frame(FrameKind.MARKER, "[stack unknown]")
 PYTHON_LOST = Frame(FrameKind.MARKER, "[python frames lost]")
 # on-CPU inside a CUDA synchronize call: the driver spins until the GPU is done
 GPU_SPIN = Frame(FrameKind.MARKER, "[gpu-spin]")
+# --wakers: a wait ended by an interrupt (its `current` is not the waker)
+WOKEN_BY_TIMER = Frame(FrameKind.MARKER, "[woken by timer]")
+WOKEN_BY_IRQ = Frame(FrameKind.MARKER, "[woken by irq]")
+# folded: the target's stack, WAKER_SEPARATOR, the waker's frames (leaf first)
+# each suffixed WAKER_SUFFIX, as bcc's offwaketime writes them
+WAKER_SEPARATOR = "--"
+WAKER_SUFFIX = "_[w]"
 
 # Why a thread was off the CPU (reasons.py has them all and the rules).
 OFF_SLEEP = "sleep"              # in time.sleep, nanosleep
@@ -84,6 +92,10 @@ class StackKey:
     tid: int
     frames: Tuple[Frame, ...]          # root first, without process/thread roots or markers
     off_cpu: Optional[str] = None      # None: on-CPU; else the off-CPU reason
+    # --wakers, off-CPU: who ended the wait, leaf first as folded prints it after
+    # `--` (its stack, then its thread and, if another, its process, as
+    # markers; [woken by timer] / [woken by irq]); (): not known
+    waker: Tuple[Frame, ...] = ()
 
 
 @dataclass
@@ -232,12 +244,17 @@ class Profile:
             if key.off_cpu is not None:
                 m = off_cpu_marker(key.off_cpu)
                 out.append((m.name, m.kind))
+            if key.waker:
+                out.append((WAKER_SEPARATOR, FrameKind.WAKER))
+                for fr in key.waker:
+                    out.append((fr.label(full_paths, short) + WAKER_SUFFIX, FrameKind.WAKER))
             yield out, ns, key.off_cpu is None
 
 
 def _sort_key(item):
     key, _ = item
-    return (key.pid, key.tid, key.off_cpu or "", [f.label(True) for f in key.frames])
+    return (key.pid, key.tid, key.off_cpu or "", [f.label(True) for f in key.frames],
+            [f.label(True) for f in key.waker])
 
 
 class PathShortener:
@@ -315,12 +332,27 @@ def from_folded(text: str) -> Profile:
                 prof.thread_info[tid] = ThreadInfo(pid, tid, g.group(2), threads=int(g.group(1)),
                                                    entry=g.group(3) or "")
                 labels = labels[1:]
+        waker: Tuple[Frame, ...] = ()
+        if WAKER_SEPARATOR in labels:
+            at = labels.index(WAKER_SEPARATOR)
+            waker = tuple(_waker_frame(lb) for lb in labels[at + 1:])
+            labels = labels[:at]
         off = None
         if labels:
             m = _OFF.match(labels[-1])
             if m:
                 off = m.group("reason") or OFF_OTHER     # `[off-cpu]`: files of earlier versions
                 labels = labels[:-1]
-        key = StackKey(pid, tid or pid, tuple(parse_frame(lb) for lb in labels), off)
+        key = StackKey(pid, tid or pid, tuple(parse_frame(lb) for lb in labels), off, waker)
         prof.add(key, int(weight) * 1000)
     return prof
+
+
+def _waker_frame(label: str) -> Frame:
+    """A frame after `--`, its `_[w]` taken off (thread and process roots,
+    [woken by ...]: markers)."""
+    if label.endswith(WAKER_SUFFIX):
+        label = label[:-len(WAKER_SUFFIX)]
+    if label.startswith("[") and label.endswith("]") or _THREAD.match(label) or _PROC.match(label):
+        return Frame(FrameKind.MARKER, label)
+    return parse_frame(label)

@@ -140,9 +140,10 @@ class Recording:
     notices: List[str] = field(default_factory=list)
     exit_status: Optional[int] = None       # of a launched command
     exact_on_cpu: bool = False              # on-CPU per thread from switch timestamps
-    # --wakers: (tgid, tid, kind, pystack, waker kind, waker tgid, waker tid, waker
-    # pystack) -> [waits, ns]
-    wakes: Dict[tuple, List[int]] = field(default_factory=dict)
+    # --wakers: (the wait's key in stacks, its waker) -> [waits, ns], the waker
+    # (kind, tgid, tid, ustack, kstack, pystack, comm); its stacks are in
+    # ustacks / kstacks / pystacks like the waits' own
+    wakes: Dict[Tuple[tuple, tuple], List[int]] = field(default_factory=dict)
     # waits left out by --min-block-us / --max-block-us: [how many, ns]
     block_filtered: List[int] = field(default_factory=lambda: [0, 0])
 
@@ -181,6 +182,7 @@ class Session:
         # there at the start, blocked
         self._initial: Dict[int, Tuple[int, int, int, int]] = {}
         self._tid_keys: Dict[int, List[tuple]] = {}    # live tid -> its keys in rec.stacks
+        self._tid_wakes: Dict[int, List[tuple]] = {}   # ... and in rec.wakes
         self._groups: Dict[Tuple[int, str], int] = {}  # (pid, entry) -> group id (< 0)
         self._unresolved: Dict[tuple, List[int]] = {}  # keys whose Python stack is not here yet
         self._stats_path = os.environ.get("PYOFFCPU_STATS_FILE")
@@ -219,7 +221,8 @@ class Session:
                                     skip=() if switches else ("sched_switch",),
                                     preload=([("on_cpu_sample", bpfload.PERF_EVENT)] if sampled else [])
                                     + [(fn, bpfload.RAW_TRACEPOINT) for fn in self._wake_programs()],
-                                    optional=unwind_loader.program_specs(sampled, switches),
+                                    optional=unwind_loader.program_specs(sampled, switches,
+                                                                         bool(self._wake_programs())),
                                     notices=self.rec.notices)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
@@ -260,7 +263,8 @@ class Session:
             self.unwinder = unwind_loader.NativeUnwinder(
                 self.bpf, tables=unwind_loader.tables_on(self._unwind_cflags))
             self.unwinder.copies = o.follow     # BPF copies a parent's entry to its child
-            self.unwinder.load_programs(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"))
+            self.unwinder.load_programs(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"),
+                                        wake=bool(self._wake_programs()))
         except Exception as e:
             if self.unwinder is not None:
                 self.unwinder.close()
@@ -321,15 +325,29 @@ class Session:
         if "wake_agg" in self.bpf:
             for k, (count, ns) in _take_generation(self.bpf["wake_agg"], WAKE_KEY_FIELDS,
                                                    AGG_VALUE_FIELDS, final, old):
-                w = dict(zip(WAKE_KEY_FIELDS, k))
-                key = tuple(w[f] for f in ("tgid", "tid", "kind", "pystack", "waker_kind",
-                                           "waker_tgid", "waker_tid", "waker_pystack"))
-                acc = self.rec.wakes.setdefault(key, [0, 0])
-                acc[0] += count
-                acc[1] += ns
+                self._add_wake(dict(zip(WAKE_KEY_FIELDS, k)), count, ns)
         return [(tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns)
                 for (tgid, tid, ustack, kstack, pystack, kind, _gen, nstack), (count, ns)
                 in _take_generation(self.bpf["agg"], AGG_KEY_FIELDS, AGG_VALUE_FIELDS, final, old)]
+
+    def _add_wake(self, w: Dict[str, int], count: int, ns: int):
+        """One wake_agg entry into rec.wakes: the wait's key as in rec.stacks,
+        the waker's stacks fetched as a wait's are."""
+        uid = self._ustack_id(w["ustack"], w["nstack"])
+        wait = (w["tgid"], w["tid"], uid, w["kstack"], w["pystack"], w["kind"])
+        wuid = self._ustack_id(w["waker_ustack"], w["waker_nstack"])
+        self._fetch_stack_ids(uid, w["kstack"])
+        self._fetch_stack_ids(wuid, w["waker_kstack"])
+        comm = struct.pack("<QQ", w["waker_comm0"], w["waker_comm1"]).split(b"\0", 1)[0]
+        waker = (w["waker_kind"], w["waker_tgid"], w["waker_tid"], wuid, w["waker_kstack"],
+                 w["waker_pystack"], comm.decode("utf-8", "replace"))
+        key = (wait, waker)
+        acc = self.rec.wakes.get(key)
+        if acc is None:
+            self.rec.wakes[key] = acc = [0, 0]
+            self._tid_wakes.setdefault(w["tid"], []).append(key)
+        acc[0] += count
+        acc[1] += ns
 
     def _drain(self, final: bool = False):
         """Move the aggregated times out of the kernel so the maps stay small."""
@@ -568,6 +586,17 @@ class Session:
             acc = stacks.get(gk)
             if acc is None:
                 stacks[gk] = [count, ns]
+            else:
+                acc[0] += count
+                acc[1] += ns
+        # its waits' wakers go with them, under the same group
+        wakes = self.rec.wakes
+        for wait, waker in self._tid_wakes.pop(tid, ()):
+            count, ns = wakes.pop((wait, waker))
+            gk = ((wait[0], gid) + wait[2:], waker)
+            acc = wakes.get(gk)
+            if acc is None:
+                wakes[gk] = [count, ns]
             else:
                 acc[0] += count
                 acc[1] += ns
@@ -935,8 +964,9 @@ class Session:
 
 AGG_KEY_FIELDS = ("tgid", "tid", "ustack", "kstack", "pystack", "kind", "gen", "nstack")
 AGG_VALUE_FIELDS = ("count", "ns")
-WAKE_KEY_FIELDS = ("tgid", "tid", "kind", "waker_kind", "pystack", "waker_pystack", "waker_tgid",
-                   "waker_tid", "gen", "pad")
+WAKE_KEY_FIELDS = ("tgid", "tid", "ustack", "kstack", "pystack", "kind", "gen", "nstack",
+                   "waker_kind", "waker_tgid", "waker_tid", "waker_ustack", "waker_kstack", "waker_pad",
+                   "waker_pystack", "waker_nstack", "waker_comm0", "waker_comm1")
 _CHARS = {ctypes.c_uint32: "I", ctypes.c_int32: "i", ctypes.c_uint64: "Q", ctypes.c_int64: "q",
           ctypes.c_uint16: "H", ctypes.c_int16: "h", ctypes.c_uint8: "B", ctypes.c_int8: "b"}
 _FORMATS: Dict[type, Optional[str]] = {}

@@ -113,9 +113,12 @@ def is_off_cpu_marker(label: str, kind: FrameKind) -> bool:
 
 def frame_colour(label: str, kind: FrameKind, on_ns: int, off_ns: int) -> str:
     """Deterministic colour for a frame: warm hues by kind for on-CPU time,
-    blues when all of the frame's time is off-CPU, greys for roots."""
+    blues when all of the frame's time is off-CPU, greys for roots, violets
+    for --wakers' waker part (after `--`)."""
     name = _PY_LINE.sub(")", label) if kind is FrameKind.PYTHON else label
     a, b, c = _hash3(name)
+    if kind is FrameKind.WAKER:                 # --wakers: `--` and the waker's frames
+        return _rgb(150 + 45 * a, 110 + 40 * b, 205 + 45 * c)          # violets
     if is_off_cpu_marker(label, kind) or (on_ns == 0 and off_ns > 0 and kind is not FrameKind.MARKER):
         return _rgb(40 + 60 * a, 110 + 70 * b, 205 + 50 * c)          # blues
     if kind is FrameKind.MARKER:

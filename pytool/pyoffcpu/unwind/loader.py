@@ -68,13 +68,15 @@ def tables_on(flags: List[str]) -> bool:
     return "-DNATIVE_UNWIND=1" in flags
 
 
-def program_specs(perf: bool = True, switch: bool = True) -> List[Tuple[str, int]]:
+def program_specs(perf: bool = True, switch: bool = True, wake: bool = False) -> List[Tuple[str, int]]:
     """(function, BPF program type) of the finishing programs load_programs
     loads (the session has them loaded with the main programs, in parallel)."""
     from ..bpfload import PERF_EVENT, RAW_TRACEPOINT
-    # tail calls stay within one program type: sched_switch is a raw tracepoint
+    # tail calls stay within one program type: sched_switch and sched_waking
+    # are raw tracepoints
     return ([("unwind_perf", PERF_EVENT)] if perf else []) + (
-        [("unwind_tp", RAW_TRACEPOINT), ("memo_tp", RAW_TRACEPOINT)] if switch else [])
+        [("unwind_tp", RAW_TRACEPOINT), ("memo_tp", RAW_TRACEPOINT)] if switch else []) + (
+        [("unwind_wake", RAW_TRACEPOINT)] if wake else [])
 
 
 @dataclass
@@ -131,18 +133,20 @@ class NativeUnwinder:
         self._procs = bpf["unwind_procs"]
         self._nstacks = bpf["nstacks"]
 
-    def load_programs(self, perf: bool = True, switch: bool = True) -> None:
+    def load_programs(self, perf: bool = True, switch: bool = True, wake: bool = False) -> None:
         """Load the finishing programs into their tail-call slots: those of
-        the on-CPU sample (perf) and of sched_switch (switch).  Raises on a
-        verifier error: the main programs then finish samples themselves,
-        with frame-pointer user stacks."""
-        specs = program_specs(perf, switch)
+        the on-CPU sample (perf), of sched_switch (switch) and of --wakers'
+        sched_waking (wake).  Raises on a verifier error: the main programs
+        then finish samples themselves, with frame-pointer user stacks."""
+        specs = program_specs(perf, switch, wake)
         fds = {name: self.bpf.load_func(name.encode(), kind).fd for name, kind in specs}
         if perf:
             self.bpf["unwind_perf_progs"][ctypes.c_int(0)] = ctypes.c_int(fds["unwind_perf"])
         if switch:
             self.bpf["unwind_tp_progs"][ctypes.c_int(0)] = ctypes.c_int(fds["unwind_tp"])
             self.bpf["unwind_tp_progs"][ctypes.c_int(1)] = ctypes.c_int(fds["memo_tp"])
+        if wake:
+            self.bpf["unwind_wake_progs"][ctypes.c_int(0)] = ctypes.c_int(fds["unwind_wake"])
 
     def close(self) -> None:
         """The tables stay the kernel's until the program's maps go."""
