@@ -7,7 +7,8 @@ on stdout (progress on stderr) and writes them to tools/bench/results.md.
 Cases (numbers as in issue #5):
   1 CPU-bound Python, one thread          slowdown, 4 profilers
   2 one busy thread + 150 blocked threads  slowdown, 4 profilers
-  3 two threads ping-ponging over pipes    slowdown, pyoffcpu wall vs py-spy --idle
+  3 two threads ping-ponging over pipes    slowdown, pyoffcpu wall (and with --wakers) vs
+                                           py-spy --idle
   4 bystander: 3's workload unprofiled while pyoffcpu -p profiles an idle process
   5 accuracy against a built-in wall-time split
   6 startup, warm (program cache filled) and cold (emptied): to the first sample in
@@ -262,6 +263,11 @@ def profilers(tools: "Tools") -> Dict[str, Profiler]:
         "pyoffcpu --mode wall": Profiler(
             "pyoffcpu --mode wall",
             lambda pid, o: po + ["-p", str(pid), "--mode", "wall", "-F", "99", "-o", o + ".folded"],
+            r"^pyoffcpu: recording", True, stats=True),
+        "pyoffcpu --mode wall --wakers": Profiler(
+            "pyoffcpu --mode wall --wakers",
+            lambda pid, o: po + ["-p", str(pid), "--mode", "wall", "-F", "99", "--wakers",
+                                 "-o", o + ".folded"],
             r"^pyoffcpu: recording", True, stats=True),
     }
     for kind, label in (("tp-empty", "reference: empty program on the sched_switch tracepoint"),
@@ -2130,8 +2136,10 @@ def main():
             n_pp = calibrate(tools, pp, 20000, args.work_s)
         if "3" in cases:
             log("case 3: switch-heavy ping-pong")
-            two = [P[k] for k in ("pyoffcpu --mode wall", "py-spy record --idle -r 100") if k in P]
-            slowdown_case(tools, res, "3", pp, n_pp, two, args.pairs, {"pyoffcpu --mode wall": 1.05})
+            three = [P[k] for k in ("pyoffcpu --mode wall", "pyoffcpu --mode wall --wakers",
+                                    "py-spy record --idle -r 100") if k in P]
+            slowdown_case(tools, res, "3", pp, n_pp, three, args.pairs,
+                          {"pyoffcpu --mode wall": 1.05, "pyoffcpu --mode wall --wakers": 1.10})  # issue 12
         if "4" in cases:
             log("case 4: bystander")
             refs = [v for k, v in P.items() if k.startswith("reference:")] if args.references else []
