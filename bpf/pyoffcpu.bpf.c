@@ -204,16 +204,14 @@ static __always_inline int in_copy(u64 lo, u64 len, u64 addr, u64 n)
  * paid MAX_PY_DEPTH times at every start, and every instruction at every
  * capture.  A failed read ends the walk; shim frames are recorded like any
  * other (user space drops them by their owner). */
-static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st, u32 tgid)
+static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st, u32 tgid,
+                                       u64 tstate)
 {
     st->depth = 0;
     st->flags = 0;
     st->tgid = tgid;
     st->epoch = pi->epoch;
-    if (pi->walker == WALK_NONE)
-        return 0;
-    u64 tstate = current_tstate(pi);
-    if (!tstate)
+    if (pi->walker == WALK_NONE || !tstate)
         return 0;
     int failed = 0;
     u64 f = first_frame(pi, tstate, &failed);
@@ -303,6 +301,27 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     return h;
 }
 
+/* Does the thread of tstate hold its interpreter's GIL (GIL_*)?  It does
+ * when the GIL is locked and its last_holder is this thread state: take_gil
+ * sets both under the GIL's mutex, drop_gil clears `locked` first. */
+static __always_inline u32 gil_state(struct proc_info *pi, u64 tstate)
+{
+    if (!tstate || pi->gil_holder < 0)
+        return GIL_UNKNOWN;
+    int failed = 0;
+    u64 gil = pi->gil_addr;
+    if (pi->interp_ceval_gil >= 0) {
+        u64 interp = read_u64(tstate + pi->tstate_interp, &failed);
+        gil = failed ? 0 : read_u64(interp + pi->interp_ceval_gil, &failed);
+    }
+    if (failed || !gil)
+        return GIL_UNKNOWN;
+    u64 g[2] = {};                  /* last_holder, then locked (an int) */
+    if (bpf_probe_read_user(g, sizeof(g), (void *)(gil + pi->gil_holder)) != 0)
+        return GIL_UNKNOWN;
+    return ((u32)g[1] && g[0] == tstate) ? GIL_HELD : GIL_FREE;
+}
+
 /* The current thread's user registers, as saved at kernel entry (right for
  * a sample taken in kernel mode and at sched_switch alike); 0 when it has
  * none.  pt_regs offsets from BTF (-DPT_REGS_*_OFF, with NATIVE_UNWIND). */
@@ -360,7 +379,9 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
     struct pystack *st = scratch.lookup(&slot);
     if (!st)
         return;
-    u64 h = walk_python(pi, st, tgid);
+    u64 tstate = pi->walker != WALK_NONE ? current_tstate(pi) : 0;
+    key->kind |= gil_state(pi, tstate) << GIL_SHIFT;
+    u64 h = walk_python(pi, st, tgid, tstate);
     key->pystack = h;
     if (!h)
         return;
@@ -949,7 +970,7 @@ static __always_inline void wake_recorded(struct unwind_state *s)
 {
     struct waker_t w = {};
     w.ts = s->ts;
-    w.kind = s->key.kind;
+    w.kind = s->key.kind & 0xff;    /* capture() added the waker's GIL state */
     w.tgid = s->key.tgid;
     w.tid = s->key.tid;
     w.ustack = s->key.ustack;

@@ -58,6 +58,15 @@ struct proc_info {
     int epoch;                      /* the image: bumped by user space at each exec, and
                                        mixed into the stack hashes, so that a stack of the
                                        new image never matches one of the old */
+    /* The GIL (struct _gil_runtime_state): 3.7-3.11 at gil_addr; 3.12+ the
+     * one tstate->interp->ceval.gil points to.  gil_holder: offset of its
+     * last_holder, `locked` (an int) 8 bytes after it; -1: state not read
+     * (free-threaded, or the layout did not check out). */
+    int tstate_interp;
+    int interp_ceval_gil;           /* 3.12+; -1: the GIL is at gil_addr */
+    int gil_holder;
+    int pad;
+    unsigned long long gil_addr;
 };
 
 struct py_frame {
@@ -86,6 +95,12 @@ struct pystack {
  * page fault), 0 when it has no user registers (pytool/pyoffcpu/reasons.py). */
 #define SYS_SHIFT           8
 #define SYS_OUTSIDE         0xFFFF
+/* ... and above that whether the thread held the GIL (on-CPU samples and
+ * switch-outs of a registered Python process): */
+#define GIL_SHIFT           24
+#define GIL_UNKNOWN         0       /* not read (not a Python thread, no layout) */
+#define GIL_FREE            1       /* another thread holds it, or nobody */
+#define GIL_HELD            2       /* this thread holds it */
 
 struct stack_key {
     unsigned int tgid;

@@ -69,6 +69,10 @@ KEYS = (
     "tss_key",
     "interp_next",
     "interp_threads_head",
+    "runtime_gil",
+    "interp_ceval_gil",
+    "gil_last_holder",
+    "gil_locked",
     "tstate_next",
     "tstate_interp",
     "tstate_thread_id",
@@ -120,6 +124,7 @@ DEBUG_FIELDS = (
     ("runtime_interpreters_head", "runtime_state.interpreters_head"),
     ("interp_next", "interpreter_state.next"),
     ("interp_threads_head", "interpreter_state.threads_head"),
+    ("interp_ceval_gil", "interpreter_state.ceval_gil"),
     ("tstate_next", "thread_state.next"),
     ("tstate_interp", "thread_state.interp"),
     ("tstate_current_frame", "thread_state.current_frame"),
@@ -148,11 +153,14 @@ DEBUG_KEYS = tuple(key for key, _ in DEBUG_FIELDS) + ("sizeof",)
 # 3.14 positions, NOT compiled: summed by hand from the _Py_DebugOffsets of
 # py-spy's bindgen output for the v3.14.0 headers (src/python_bindings/v3_14_0.rs;
 # every member a u64 after char cookie[8]); they agree with every position the
-# reference document lists (cpython-frames.md section 3).
+# reference document lists (cpython-frames.md section 3).  interp_ceval_gil
+# (after threads_main, gc, imports_modules, sysdict, builtins) was read here
+# from Debian's 3.14.8: 16 there, with gil_runtime_state + 8 / + 16 at the
+# holder's and locked's positions beside it.
 DEBUG_POSITIONS_314 = {
     "version": 8, "free_threaded": 16,
     "runtime_interpreters_head": 40,
-    "interp_next": 64, "interp_threads_head": 72,
+    "interp_next": 64, "interp_threads_head": 72, "interp_ceval_gil": 120,
     "tstate_next": 192, "tstate_interp": 200, "tstate_current_frame": 208,
     "tstate_thread_id": 216, "tstate_native_thread_id": 224,
     "iframe_previous": 256, "iframe_code": 264, "iframe_instr": 272, "iframe_owner": 288,
@@ -170,7 +178,13 @@ DEBUG_POSITIONS_314 = {
 # _Py_DebugOffsets (584 -> 760 bytes), so 3.13's 2160 + 176.  Py_tss_t is
 # {int _is_initialized; pthread_key_t _key;} as before.  The loader does not
 # trust this number alone: it derives the key from the live threads too.
-SOURCE_314_EXTRA = {"runtime_autotss": 2336, "tss_is_initialized": 0, "tss_key": 4}
+# The GIL: struct _gil_runtime_state of a default build is 3.12's
+# {interval; last_holder; locked; ...}, and PyInterpreterState still starts
+# with its ceval state {instrumentation_version; recursion_limit; gil; ...}
+# (v3.14.0 Include/internal/pycore_gil.h, pycore_interp_structs.h); the
+# loader prefers the published ceval_gil and checks the GIL it points to.
+SOURCE_314_EXTRA = {"runtime_autotss": 2336, "tss_is_initialized": 0, "tss_key": 4,
+                    "interp_ceval_gil": 16, "gil_last_holder": 8, "gil_locked": 16}
 
 # Keys that must be -1 for a given minor version (anything else must be >= 0).
 _FRAMEOBJ = {"tstate_frame", "frame_back", "frame_code", "frame_lasti", "code_code"}
@@ -182,6 +196,7 @@ _CFRAME = {"tstate_cframe", "cframe_current_frame"}
 
 def expected_absent(minor):
     absent = set()
+    absent.add("interp_ceval_gil" if minor <= 11 else "runtime_gil")
     if minor <= 10:
         absent |= _IFRAME | _CFRAME | {"iframe_is_entry", "owner_cstack",
                                        "tstate_current_frame"}
@@ -239,6 +254,16 @@ int main(void)
 #else
     P("interp_threads_head", offsetof(PyInterpreterState, threads.head));
 #endif
+
+    /* The GIL: 3.7-3.11 one, in _PyRuntime; 3.12+ the interpreter's
+     * ceval.gil points to the one it uses (its own _gil, or the main one's) */
+#if PY_VERSION_HEX < 0x030C0000
+    P("runtime_gil", offsetof(_PyRuntimeState, ceval.gil));
+#else
+    P("interp_ceval_gil", offsetof(PyInterpreterState, ceval.gil));
+#endif
+    P("gil_last_holder", offsetof(struct _gil_runtime_state, last_holder));
+    P("gil_locked", offsetof(struct _gil_runtime_state, locked));
 
     P("tstate_next", offsetof(PyThreadState, next));
     P("tstate_interp", offsetof(PyThreadState, interp));

@@ -60,6 +60,23 @@ KIND_RUNQUEUE = value("KIND_RUNQUEUE")
 KIND_UNINTERRUPTIBLE = value("KIND_UNINTERRUPTIBLE")
 KIND_OTHER = value("KIND_OTHER")
 SYS_SHIFT, SYS_OUTSIDE = value("SYS_SHIFT"), value("SYS_OUTSIDE")
+# whether the thread held the GIL, above the system call
+GIL_SHIFT = value("GIL_SHIFT")
+GIL_UNKNOWN, GIL_FREE, GIL_HELD = value("GIL_UNKNOWN"), value("GIL_FREE"), value("GIL_HELD")
+
+
+def kind_gil(kind: int) -> int:
+    """A key's GIL_* state."""
+    return (kind >> GIL_SHIFT) & 3
+
+
+def without_gil(kind: int) -> int:
+    """A key's kind without its GIL bits: the state and the system call."""
+    return kind & ~(3 << GIL_SHIFT)
+
+
+def on_cpu(kind: int) -> bool:
+    return without_gil(kind) == KIND_ONCPU
 
 # Threads
 TH = with_prefix("TH_")

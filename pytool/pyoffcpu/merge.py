@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from . import profile as P
-from .bpfdefs import KIND_ONCPU, NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
+from . import bpfdefs
+from .bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
 from . import reasons
 from .session import NO_STACK, UNSAMPLED, Recording
 
@@ -286,6 +287,35 @@ class Merger:
         return leaf + [f for g in groups for f in g]
 
 
+def _python_leaf(frames) -> bool:
+    """Is the innermost user-space frame a Python one (no native code under it)?"""
+    for f in reversed(frames):
+        if f.kind is not P.FrameKind.KERNEL:
+            return f.kind is P.FrameKind.PYTHON
+    return False
+
+
+def _add_gil(prof: P.Profile, tid: int, gil: int, reason: Optional[str], ns: int) -> None:
+    """One stack's time into its thread's GIL times (build_profile drops
+    those of threads whose GIL state was never read)."""
+    g = prof.gil.get(tid)
+    if g is None:
+        g = prof.gil[tid] = P.GilTimes()
+    g.read = g.read or gil != bpfdefs.GIL_UNKNOWN
+    if reason is None:
+        if gil == bpfdefs.GIL_HELD:
+            g.held_on_ns += ns
+        elif gil == bpfdefs.GIL_FREE:
+            g.released_ns += ns
+        else:
+            g.unknown_on_ns += ns
+    else:
+        if gil == bpfdefs.GIL_HELD:
+            g.held_off_ns += ns
+        if reason == "gil":
+            g.waiting_ns += ns
+
+
 def _same_file(a: Optional[str], b: Optional[str]) -> bool:
     return a is not None and b is not None and (a == b or a.endswith(b) or b.endswith(a))
 
@@ -318,13 +348,19 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
         tgid, tid, us, ks, ph, kind = skey
         frames = merger.frames_for(tgid, us, ks, ph, ns)
         tid = shown.get(tid, tid)
-        if kind == KIND_ONCPU:
+        gil = bpfdefs.kind_gil(kind)
+        kind = bpfdefs.without_gil(kind)
+        if kind == bpfdefs.KIND_ONCPU:
             reason = None
             if reasons.gpu_spin(frames):
                 frames = tuple(frames) + (P.GPU_SPIN,)
+            elif gil == bpfdefs.GIL_FREE and _python_leaf(frames):
+                frames = tuple(frames) + (P.GIL_NOT_HELD,)
+            _add_gil(prof, tid, gil, reason, ns)
         else:
             reason = reasons.classify(*reasons.split_kind(kind), frames)
             off_ns[tid] = off_ns.get(tid, 0) + ns
+            _add_gil(prof, tid, gil, reason, ns)
             for waker, wcount, wns in wakers_of.get(skey, ()):
                 wns = min(wns, ns)
                 wcount = min(wcount, count)
@@ -336,6 +372,7 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
                 count -= wcount
         prof.add(P.StackKey(tgid, tid, frames, reason), ns, count)
         prof.processes.setdefault(tgid, rec.comms.get(tgid, "?"))
+    prof.gil = {tid: g for tid, g in prof.gil.items() if g.read}
     for (wait, waker), (_count, ns) in rec.wakes.items():
         tgid, tid, _us, _ks, ph, _kind = wait
         wkind, wtgid, wtid, _wus, _wks, wph, _comm = waker

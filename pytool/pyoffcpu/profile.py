@@ -66,6 +66,10 @@ NO_STACK = Frame(FrameKind.MARKER, "[stack unknown]")
 PYTHON_LOST = Frame(FrameKind.MARKER, "[python frames lost]")
 # on-CPU inside a CUDA synchronize call: the driver spins until the GPU is done
 GPU_SPIN = Frame(FrameKind.MARKER, "[gpu-spin]")
+# on-CPU in a Python frame (no native frame under it) while the thread did
+# not hold the GIL: no CPython thread runs Python code so, the stack is not
+# to be trusted (a thread state read as another thread changed it)
+GIL_NOT_HELD = Frame(FrameKind.MARKER, "[gil not held]")
 # --wakers: a wait ended by an interrupt (its `current` is not the waker)
 WOKEN_BY_TIMER = Frame(FrameKind.MARKER, "[woken by timer]")
 WOKEN_BY_IRQ = Frame(FrameKind.MARKER, "[woken by irq]")
@@ -130,6 +134,30 @@ class Wake:
 
 
 @dataclass
+class GilTimes:
+    """A thread's time by its relation to its interpreter's GIL (ns), from
+    the GIL's state read at each on-CPU sample and switch-out: on-CPU time
+    holding it, running without it (C code that released it), off-CPU time
+    holding it (preempted, or blocked in a call that kept it), waiting for it
+    (off-CPU reason gil), and on-CPU time whose state was not read."""
+    held_on_ns: int = 0
+    released_ns: int = 0
+    held_off_ns: int = 0
+    waiting_ns: int = 0
+    unknown_on_ns: int = 0
+    read: bool = False              # the state was read at least once
+
+    @property
+    def held_ns(self) -> int:
+        return self.held_on_ns + self.held_off_ns
+
+    def as_dict(self) -> Dict[str, int]:
+        return {"held_ns": self.held_ns, "held_on_cpu_ns": self.held_on_ns,
+                "held_off_cpu_ns": self.held_off_ns, "waiting_ns": self.waiting_ns,
+                "on_cpu_without_ns": self.released_ns, "on_cpu_unknown_ns": self.unknown_on_ns}
+
+
+@dataclass
 class ThreadInfo:
     """A thread's exact times inside the recording (ns; first/last from the
     start); with threads > 1 a group of ended threads that started in the
@@ -179,6 +207,8 @@ class Profile:
     ns_ids: Dict[int, int] = field(default_factory=dict)
     # --wakers: ns of waits by who ended them (waits that ended inside the recording)
     wakes: Dict[Wake, int] = field(default_factory=dict)
+    # tid -> its GIL times (threads of a process whose GIL state BPF read)
+    gil: Dict[int, GilTimes] = field(default_factory=dict)
 
     def add(self, key: StackKey, ns: int, count: int = 1) -> None:
         if ns <= 0:

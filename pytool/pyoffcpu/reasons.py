@@ -114,7 +114,7 @@ def classify(kind: int, sys: Optional[int], frames: Sequence[Frame]) -> str:
 
 def split_kind(kind: int):
     """(KIND_*, Wait.sys) of a key's kind (see the module's doc)."""
-    sys = kind >> bpfdefs.SYS_SHIFT
+    sys = (kind >> bpfdefs.SYS_SHIFT) & 0xFFFF      # not the GIL bits above it
     if sys == 0:
         return kind & 0xFF, UNKNOWN
     return kind & 0xFF, (None if sys == bpfdefs.SYS_OUTSIDE else sys - 1)

@@ -153,8 +153,8 @@ class Recording:
 
     def totals(self) -> Tuple[int, int]:
         """(on-CPU samples, off-CPU ns) so far."""
-        samples = sum(v[0] for k, v in self.stacks.items() if k[5] == KIND_ONCPU)
-        blocked = sum(v[1] for k, v in self.stacks.items() if k[5] != KIND_ONCPU)
+        samples = sum(v[0] for k, v in self.stacks.items() if bpfdefs.on_cpu(k[5]))
+        blocked = sum(v[1] for k, v in self.stacks.items() if not bpfdefs.on_cpu(k[5]))
         return samples, blocked
 
 
@@ -523,7 +523,7 @@ class Session:
 
     def _samples_of(self, tid: int) -> int:
         return sum(self.rec.stacks[k][0] for k in self._tid_keys.get(tid, ())
-                   if k[5] == KIND_ONCPU)
+                   if bpfdefs.on_cpu(k[5]))
 
     def _stack_entry(self, pyhash: int) -> Optional[str]:
         """A Python stack's outermost frame that is not threading's own, as
@@ -608,7 +608,7 @@ class Session:
         Then an ended thread folds into its group."""
         t = self.rec.threads[tid]
         stacks = self.rec.stacks
-        on_keys = [k for k in self._tid_keys.get(tid, ()) if k[5] == KIND_ONCPU]
+        on_keys = [k for k in self._tid_keys.get(tid, ()) if bpfdefs.on_cpu(k[5])]
         t.samples = sum([stacks[k][0] for k in on_keys])
         if self.opts.mode == "wall":
             self._scale_on_cpu(t, on_keys)

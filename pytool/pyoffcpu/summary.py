@@ -43,6 +43,33 @@ def reasons_text(by_reason: Dict[str, int], n: int = 3) -> str:
     return ", ".join(f"{r} {100 * ns / total:.0f}%" for r, ns in top)
 
 
+def gil_lines(prof: Profile, n: int = 20) -> List[str]:
+    """Per thread (those with most GIL time first): the time it held the
+    GIL, waited for it and ran without it; none when no state was read."""
+    if not prof.gil:
+        return []
+    out = ["  the GIL (state read at every sample and switch): thread, held (of it off-CPU), "
+           "waited for it, on-CPU without it"]
+    rows = sorted(prof.gil.items(), key=lambda kv: (-(kv[1].held_ns + kv[1].waiting_ns), kv[0]))
+    for tid, g in rows[:n]:
+        info = prof.thread_info.get(tid)
+        label = info.root_label() if info is not None else f"thread {tid} {prof.threads.get(tid, '?')}"
+        unknown = f", not read {fmt_s(g.unknown_on_ns)}" if g.unknown_on_ns else ""
+        out.append(f"  {label[:40]:<40} held {fmt_s(g.held_ns):>8} ({fmt_s(g.held_off_ns)}), "
+                   f"waited {fmt_s(g.waiting_ns):>8}, without {fmt_s(g.released_ns):>8}{unknown}")
+    if len(rows) > n:
+        out.append(f"  ... and {len(rows) - n} more threads")
+    held: Dict[int, int] = {}
+    for tid, g in prof.gil.items():
+        pid = prof.thread_pid.get(tid, 0)
+        held[pid] = held.get(pid, 0) + g.held_ns
+    dur = prof.meta.duration_ns
+    for pid, ns in sorted(held.items(), key=lambda kv: -kv[1])[:n] if dur else ():
+        out.append(f"  process {pid}: its GIL held {fmt_s(ns)} of the {fmt_s(dur)} recorded "
+                   f"({100 * ns / dur:.0f}%)")
+    return out
+
+
 def wake_lines(prof: Profile, n: int = 10) -> List[str]:
     """--wakers: for the threads that waited longest, their main wait and
     who ended it most: `thread 12 worker: 2.10 s in Queue.get (queue.py:171),
@@ -249,6 +276,7 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     if everyone:
         lines.append("  off-CPU by reason, all threads: " + ", ".join(
             f"{r} {fmt_s(ns)}" for r, ns in sorted(everyone.items(), key=lambda kv: -kv[1])))
+    lines.extend(gil_lines(prof))
     woken = wake_lines(prof)
     if woken:
         lines.append("  who ended the waits (--wakers; the longest-waiting threads, their main wait):")

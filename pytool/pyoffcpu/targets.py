@@ -239,10 +239,12 @@ class Targets:
         none (native stacks only); and the target list in control."""
         table = self.bpf["procs"]
         info = table.Leaf()
-        for name, _ in info._fields_:
-            setattr(info, name, -1)
+        for name, t in info._fields_:
+            if t is ctypes.c_int:
+                setattr(info, name, -1)
         info.walker = bpfdefs.WALK_NONE
         info.epoch = tgt.epoch
+        info.gil_addr = 0
         py = tgt.python
         if py is not None and py.tss_key >= 0:
             o = py.offsets
@@ -254,8 +256,25 @@ class Targets:
                          "iframe_code", "iframe_previous", "iframe_instr", "iframe_is_entry",
                          "iframe_owner", "code_code_adaptive"):
                 setattr(info, name, o[name])
+            gil = self._gil_layout(tgt)
+            if gil is not None:
+                info.tstate_interp = o["tstate_interp"]
+                info.interp_ceval_gil = gil.interp_ceval_gil
+                info.gil_holder = gil.holder
+                info.gil_addr = gil.addr
         table[table.Key(tgt.pid)] = info
         self._publish()
+
+    def _gil_layout(self, tgt: Target) -> Optional[detect.GilLayout]:
+        """Where BPF reads the target's GIL state (None: it does not; said once)."""
+        py = tgt.python
+        if py.gil_checked or tgt.mem is None:
+            return py.gil
+        py.gil, why = detect.gil_layout(py, tgt.mem)
+        py.gil_checked = True
+        if why:
+            self.rec.notices.append(f"process {tgt.pid}: GIL state not read: {why}")
+        return py.gil
 
     def _publish(self):
         """The live targets into BPF's control block."""

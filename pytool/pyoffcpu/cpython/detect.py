@@ -52,6 +52,8 @@ class PythonProcess:
     free_threaded: bool = False             # Py_GIL_DISABLED (3.13+: _Py_DebugOffsets says)
     debug_build: bool = False               # Py_DEBUG / Py_REF_DEBUG (3.13+)
     thread_layout: libc.ThreadLayout = libc.GLIBC_236   # its libc's struct pthread
+    gil: Optional["GilLayout"] = None       # where BPF reads its GIL (None: it does not)
+    gil_checked: bool = False               # gil_layout() ran on the live process
 
     @property
     def minor(self) -> Tuple[int, int]:
@@ -392,6 +394,56 @@ def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None) -> bool:
         return False
     pp.tss_key = key
     return True
+
+
+# -- the GIL ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GilLayout:
+    """Where BPF reads a process's GIL state (struct _gil_runtime_state):
+    3.7-3.11 one GIL at `addr` (in _PyRuntime); 3.12+ the one each thread's
+    interpreter points to (tstate->interp->ceval.gil).  `holder`: offset of
+    last_holder in it, `locked` (an int) 8 bytes after."""
+    addr: int                   # <= 3.11; 0 for 3.12+
+    interp_ceval_gil: int       # 3.12+: offsetof(PyInterpreterState, ceval.gil); -1
+    holder: int
+
+
+GIL_CHECKS = 3                  # reads of a live GIL before its layout is given up
+
+
+def gil_layout(pp: PythonProcess, mem) -> Tuple[Optional[GilLayout], str]:
+    """The process's GIL layout, checked on the live process: `locked` is 0
+    or 1, and a locked GIL's last_holder is one of its thread states.
+    (None, why) when there is none to read (free-threaded) or the offsets
+    do not hold there."""
+    o = pp.offsets
+    if pp.free_threaded:
+        return None, "a free-threaded build: no GIL to read"
+    holder, locked = o.get("gil_last_holder", -1), o.get("gil_locked", -1)
+    if holder < 0 or locked != holder + 8:
+        return None, "no GIL layout for CPython %d.%d" % pp.minor
+    if pp.minor <= (3, 11):
+        if o.get("runtime_gil", -1) < 0:
+            return None, "no GIL position in _PyRuntime"
+        lay = GilLayout(pp.runtime + o["runtime_gil"], -1, holder)
+    else:
+        if o.get("interp_ceval_gil", -1) < 0:
+            return None, "no ceval.gil position in PyInterpreterState"
+        lay = GilLayout(0, o["interp_ceval_gil"], holder)
+    for _ in range(GIL_CHECKS):
+        try:
+            gil = lay.addr
+            if not gil:
+                interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
+                gil = mem.u64(interp + lay.interp_ceval_gil) if interp else 0
+                if not gil:
+                    return lay, ""          # not initialised yet: BPF reads it when it is
+            last, is_locked = struct.unpack("<QI", mem.read(gil + holder, 12))
+        except MemoryError_:
+            return None, "its GIL cannot be read"
+        if is_locked == 0 or (is_locked == 1 and last in thread_state_addresses(pp, mem, 4096)):
+            return lay, ""
+    return None, "its GIL's fields do not hold the values a GIL holds (locked %d)" % is_locked
 
 
 def walker_kind(minor: Tuple[int, int]) -> int:

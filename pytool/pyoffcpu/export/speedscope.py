@@ -106,6 +106,8 @@ def metadata(profile: Profile) -> dict:
                         "off_cpu_by_reason_ns": dict(sorted(why.get(tid, {}).items())),
                         "samples": t.samples, "first_ns": t.first_ns, "last_ns": t.last_ns,
                         "threads": t.threads, "entry": t.entry, "ns_tid": t.ns_tid})
+        if tid in profile.gil:
+            threads[-1]["gil_ns"] = profile.gil[tid].as_dict()
     return {"duration_ns": meta.duration_ns, "mode": meta.mode, "frequency_hz": meta.frequency_hz,
             "on_cpu_measure": "switch timestamps" if meta.exact_on_cpu else "samples",
             "python_version": meta.python_version, "target": meta.target,

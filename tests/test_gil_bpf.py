@@ -1,0 +1,93 @@
+"""The GIL's state, read by BPF at every on-CPU sample and switch-out, with
+real BPF on every interpreter that has a GIL (3.7-3.14), and none on a
+free-threaded build (workloads/gil_split.py: threads whose relation to the
+GIL is built in)."""
+import json
+
+import pytest
+
+from conftest import (CHROOT_LABELS, MATRIX_LABELS, Workload, chroot_cmd, chroot_workloads,
+                      python_or_skip, run_pyoffcpu)
+
+GIL_LABELS = MATRIX_LABELS + ["debian-3.14", "debian-3.14d"]
+SECONDS = 2
+
+
+def record(tmp_path, label, *args):
+    """gil_split.py under pyoffcpu for SECONDS s at 499 Hz: (its tids by
+    name, the speedscope metadata's threads by tid, the metadata, stderr,
+    the ns of the stacks that end in [gil not held])."""
+    python = python_or_skip(label)
+    if label in CHROOT_LABELS:
+        import os
+        script = os.path.join(chroot_workloads(), "gil_split.py")
+        w = Workload(None, "gil_split.py", argv=chroot_cmd(label, script, 60, *args))
+    else:
+        w = Workload(python, "gil_split.py", 60, *args)
+    out = tmp_path / "p.json"
+    try:
+        tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
+        res = run_pyoffcpu("-p", str(w.pid), "-d", str(SECONDS), "-F", "499", "-o", str(out))
+    finally:
+        w.stop()
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    meta = doc["pyoffcpu"]
+    names = [f["name"] for f in doc["shared"]["frames"]]
+    not_held = sum(w for p in doc["profiles"] for s, w in zip(p["samples"], p["weights"])
+                   if s and names[s[-1]] == "[gil not held]")
+    return tids, {t["tid"]: t for t in meta["threads"]}, meta, res.stderr, not_held
+
+
+@pytest.mark.parametrize("label", GIL_LABELS)
+def test_two_spinners_hold_the_gil_in_turn(tmp_path, bpf, label):
+    """Two CPU-bound Python threads: between them the GIL is held all the
+    recording (within 2%); each thread's wall time is its on-CPU time, its
+    wait for the GIL and for a CPU (within 1%), the GIL the largest wait;
+    and it runs Python code only while it holds the GIL."""
+    tids, threads, meta, stderr, not_held = record(tmp_path, label, "spinners")
+    held = 0
+    for name in ("spinner0", "spinner1"):
+        t = threads[tids[name]]
+        g, why = t["gil_ns"], t["off_cpu_by_reason_ns"]
+        held += g["held_ns"]
+        wall = t["on_cpu_ns"] + t["off_cpu_ns"]
+        assert abs(t["on_cpu_ns"] + why.get("gil", 0) + why.get("runqueue", 0) - wall) <= 0.01 * wall, t
+        assert why.get("gil", 0) == max(why.values()), (name, why)
+        assert g["waiting_ns"] == why.get("gil", 0)
+        assert g["held_ns"] >= 0.3e9 and g["waiting_ns"] >= 0.3e9, (name, g)
+        # on a CPU it holds the GIL, but for the moments in take_gil / drop_gil
+        assert g["on_cpu_without_ns"] <= 0.05 * t["on_cpu_ns"], (name, g, t["on_cpu_ns"])
+        assert g["on_cpu_unknown_ns"] == 0, (name, g)
+    dur = meta["duration_ns"]
+    print(f"\n{label}: GIL held {held / 1e9:.3f} s of {dur / 1e9:.3f} s")
+    assert abs(held - dur) <= 0.02 * dur, (held, dur)
+    assert "GIL state not read" not in stderr, stderr
+
+
+@pytest.mark.parametrize("label", ["pyenv-3.9", "pyenv-3.11", "pyenv-3.13", "debian-3.11",
+                                   "debian-3.14"])
+def test_c_code_that_released_the_gil_runs_without_it(tmp_path, bpf, label):
+    """hashlib lets the GIL go while it hashes: the hasher's on-CPU time is
+    time without the GIL, the spinners' time with it; no Python frame is on
+    a CPU without it ([gil not held])."""
+    tids, threads, meta, stderr, not_held = record(tmp_path, label)
+    h = threads[tids["hasher"]]
+    g = h["gil_ns"]
+    assert h["on_cpu_ns"] >= 0.3e9, h
+    assert g["on_cpu_without_ns"] >= 0.85 * h["on_cpu_ns"], (g, h["on_cpu_ns"])
+    for name in ("spinner0", "spinner1"):
+        t = threads[tids[name]]
+        assert t["gil_ns"]["held_on_cpu_ns"] >= 0.9 * t["on_cpu_ns"], (name, t)
+    on = sum(t["on_cpu_ns"] for t in threads.values())
+    assert not_held <= 0.01 * on, (not_held, on)
+    assert "GIL state not read" not in stderr, stderr
+
+
+def test_free_threaded_build_has_no_gil_state(tmp_path, bpf):
+    """3.13t has no GIL: nothing is read, one line says so, Python frames
+    are there as before."""
+    tids, threads, meta, stderr, not_held = record(tmp_path, "ft-3.13t", "spinners")
+    assert "GIL state not read: a free-threaded build" in stderr, stderr
+    assert not any("gil_ns" in t for t in threads.values()), threads
+    assert threads[tids["spinner0"]]["on_cpu_ns"] >= 0.5e9
