@@ -43,6 +43,8 @@ POS = {
     "unicode_state": 624, "unicode_length": 632, "ascii_data": 640,
     # not listed in the reference; summed from py-spy's bindgen of the 3.14.0 headers
     "tstate_interp": 200, "object_type": 408, "type_name": 424,
+    # read from Debian's 3.14.8 (gen_offsets.py)
+    "interp_ceval_gil": 120,
 }
 DEBUG_SIZE = 760
 # cpython-frames.md section 1, column 3.14: the values at those positions.
@@ -57,6 +59,7 @@ VAL = {
     "bytes_size": 16, "bytes_data": 32,
     "unicode_state": 32, "unicode_length": 16, "ascii_data": 40,
     "tstate_interp": 16, "object_type": 8, "type_name": 24,
+    "interp_ceval_gil": 16,
 }
 FIRSTTRACEABLE = 192            # _co_firsttraceable, section 4
 COMPACT_DATA = 56               # sizeof(PyCompactUnicodeObject) from 3.12 on
