@@ -987,7 +987,8 @@ static __always_inline void wake_recorded(struct unwind_state *s)
  * may run on the wakee's CPU: not used), with interrupts off (p->pi_lock).
  * Bystanders cost the target test only: the wakee's tgid against the inline
  * target list.  A waker in a target process gets its stacks taken as a
- * switch-out's are (capture, then unwind_wake for the native walk); one in
+ * switch-out's are (capture, then memo_wake / unwind_wake for the native
+ * walk, reused as at a switch-out); one in
  * another process its kernel stack only (its mappings are not known). */
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
@@ -1024,7 +1025,7 @@ RAW_TRACEPOINT_PROBE(sched_waking)
         key->kind = WAKER_TASK;     /* before the tail call: it does not return */
         if (procs.lookup(&tgid)) {
             capture(ctx, key, tgid, (u32)id, 2);
-            unwind_wake_progs.call(ctx, 0);
+            unwind_wake_progs.call(ctx, 1);     /* memo_wake */
             us->ready = 0;          /* the tail call failed: no native stack */
         } else {
             key->tgid = tgid;

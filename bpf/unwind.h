@@ -71,7 +71,7 @@ BPF_PERCPU_ARRAY(unwind_scratch, struct unwind_state, 3);   /* 0: on-CPU, 1: sch
 BPF_F_TABLE("hash", u32, u64, unwind_misses, MAX_UNWIND_PROCS, BPF_F_NO_PREALLOC);
 BPF_PROG_ARRAY(unwind_perf_progs, 1);
 BPF_PROG_ARRAY(unwind_tp_progs, 2);     /* 0: unwind_tp, 1: memo_tp (the entry) */
-BPF_PROG_ARRAY(unwind_wake_progs, 1);   /* --wakers: unwind_wake */
+BPF_PROG_ARRAY(unwind_wake_progs, 2);   /* --wakers: 0 unwind_wake, 1 memo_wake (the entry) */
 
 /* The mapping holding pc, or 0.  maps[] is sorted by start and its
  * mappings are disjoint, so the one that holds pc is the only answer: the
@@ -472,9 +472,9 @@ BPF_PERCPU_ARRAY(memo_buf, struct memo_buf_t, 1);
 /* Does the thread's last walk hold for the walk about to start (s: leaf
  * registers and the tables' gen set by unwind_prepare)?  Every word it read
  * is read again, in one read of the span they lie in. */
-static __always_inline struct switch_memo_t *memo_match(struct unwind_state *s, u32 tid)
+static __always_inline struct switch_memo_t *memo_match(struct unwind_state *s,
+                                                        struct switch_memo_t *m)
 {
-    struct switch_memo_t *m = switch_memo.lookup(&tid);
     if (!m)
         return 0;
     if (m->tgid != s->memo.tgid || m->gen != s->memo.gen || m->pc != s->memo.pc ||
@@ -537,7 +537,8 @@ int memo_tp(void *ctx)
     if (!s)
         return 0;
     if (s->ready) {
-        struct switch_memo_t *m = memo_match(s, s->key.tid);
+        u32 tid = s->key.tid;
+        struct switch_memo_t *m = memo_match(s, switch_memo.lookup(&tid));
         if (!m) {
             unwind_tp_progs.call(ctx, 0);
             s->ready = 0;           /* the tail call failed: no native stack */
@@ -581,21 +582,55 @@ int unwind_tp(void *ctx)
 #if WAKERS
 static __always_inline void wake_recorded(struct unwind_state *s);     /* pyoffcpu.bpf.c */
 
-/* sched_waking's finishing program: the waker's native stack, then its
- * entry in last_waker. */
-int unwind_wake(void *ctx)
+/* Per waker thread: its last complete native walk at a wakeup, reused as
+ * switch_memo is (a thread wakes others from the same few places: the
+ * same registers, the same words on its stack).  Entries go with LRU. */
+BPF_F_TABLE("lru_hash", u32, struct switch_memo_t, wake_memo, 4096, 0);
+
+/* sched_waking's first finishing program: the waker's last walk when all
+ * its inputs hold, else the walk (unwind_wake); then its entry in last_waker. */
+int memo_wake(void *ctx)
 {
     int slot = 2;
     struct unwind_state *s = unwind_scratch.lookup(&slot);
     if (!s)
         return 0;
     if (s->ready) {
+        u32 tid = s->key.tid;
+        struct switch_memo_t *m = memo_match(s, wake_memo.lookup(&tid));
+        if (!m) {
+            unwind_wake_progs.call(ctx, 0);
+            s->ready = 0;           /* the tail call failed: no native stack */
+        } else {
+            s->key.nstack = m->nstack;
+            s->ready = 0;
+        }
+    }
+    wake_recorded(s);
+    return 0;
+}
+
+int unwind_wake(void *ctx)
+{
+    int slot = 2;
+    struct unwind_state *s = unwind_scratch.lookup(&slot);
+    if (!s)
+        return 0;
+    u32 tid = s->key.tid;
+    if (s->ready) {
         if (!unwind_run(s)) {
             unwind_wake_progs.call(ctx, 0);
             s->st.flags |= NST_TRUNCATED;
         }
         s->ready = 0;
-        unwind_store(s);
+        int stored = unwind_store(s);
+        if (stored && s->memo.ok && s->memo.nw > 0 &&
+            !(s->st.flags & (NST_INCOMPLETE | NST_TRUNCATED | NST_UNMAPPED))) {
+            s->memo.nstack = s->key.nstack;
+            wake_memo.update(&tid, &s->memo);
+        } else {
+            wake_memo.delete(&tid);
+        }
     }
     wake_recorded(s);
     return 0;

@@ -76,7 +76,7 @@ def program_specs(perf: bool = True, switch: bool = True, wake: bool = False) ->
     # are raw tracepoints
     return ([("unwind_perf", PERF_EVENT)] if perf else []) + (
         [("unwind_tp", RAW_TRACEPOINT), ("memo_tp", RAW_TRACEPOINT)] if switch else []) + (
-        [("unwind_wake", RAW_TRACEPOINT)] if wake else [])
+        [("unwind_wake", RAW_TRACEPOINT), ("memo_wake", RAW_TRACEPOINT)] if wake else [])
 
 
 @dataclass
@@ -147,6 +147,7 @@ class NativeUnwinder:
             self.bpf["unwind_tp_progs"][ctypes.c_int(1)] = ctypes.c_int(fds["memo_tp"])
         if wake:
             self.bpf["unwind_wake_progs"][ctypes.c_int(0)] = ctypes.c_int(fds["unwind_wake"])
+            self.bpf["unwind_wake_progs"][ctypes.c_int(1)] = ctypes.c_int(fds["memo_wake"])
 
     def close(self) -> None:
         """The tables stay the kernel's until the program's maps go."""
