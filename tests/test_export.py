@@ -315,16 +315,17 @@ def test_svg_many_stacks_fast():
 
 # -- writing ------------------------------------------------------------------
 def test_formats_and_extensions():
-    assert FORMATS == {"svg", "speedscope", "folded"}
+    assert FORMATS == {"svg", "speedscope", "folded", "pprof"}
     assert format_for_path("out.svg") == "svg"
     assert format_for_path("/tmp/x/OUT.SVG") == "svg"
     assert format_for_path("a.json") == "speedscope"
     assert format_for_path("a.folded") == "folded"
     assert format_for_path("a.txt") == "folded"
-    for bad in ("a.pdf", "noext", "a.svg.bak"):
+    assert format_for_path("a.pb.gz") == "pprof"
+    for bad in ("a.pdf", "noext", "a.svg.bak", "a.gz"):
         with pytest.raises(ValueError) as e:
             format_for_path(bad)
-        for ext in (".svg", ".json", ".folded", ".txt"):
+        for ext in (".svg", ".json", ".folded", ".txt", ".pb.gz", ".pprof"):
             assert ext in str(e.value)
 
 

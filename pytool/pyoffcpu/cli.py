@@ -16,6 +16,7 @@ RECORD_EPILOG = """\b
 Examples:
   sudo pyoffcpu -p 4242                  # wall-clock profile until Ctrl-C -> SVG
   sudo pyoffcpu -p 4242 -d 30 -o train.json      # 30 s, speedscope file
+  sudo pyoffcpu -p 4242 -d 30 -o train.pb.gz     # pprof, for Pyroscope, Parca, go tool pprof
   sudo pyoffcpu -o boot.svg -- python3 app.py    # launch and profile to the end
   sudo pyoffcpu -p 4242 --mode off -o wait.folded  # blocked time only, folded text
   sudo pyoffcpu -p 4242 --mode off --reasons lock,gil   # only waits for locks and the GIL
@@ -28,7 +29,8 @@ Examples:
 
 \b
 Output format follows the extension: .svg flame graph, .json speedscope,
-.folded/.txt collapsed stacks (weights in microseconds); --format overrides.
+.folded/.txt collapsed stacks (weights in microseconds), .pb.gz/.pprof pprof
+(for Grafana Pyroscope, Parca, go tool pprof); --format overrides.
 Ctrl-C, SIGTERM, -d running out and the target exiting all write the profile.
 """
 
@@ -87,7 +89,7 @@ def fail(msg: str, todo: str = "", code: int = 1):
                    "[default: wall; with -a: cpu].")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Output file [default: pyoffcpu-<pid>-<YYYYmmdd-HHMMSS>.svg].")
-@click.option("--format", "fmt", type=click.Choice(["svg", "speedscope", "folded"]), default=None,
+@click.option("--format", "fmt", type=click.Choice(["svg", "speedscope", "folded", "pprof"]), default=None,
               help="Output format (default: from the extension).")
 @click.option("--reasons", "only_reasons", metavar="LIST", default=None,
               help="Keep only the off-CPU time of these reasons, comma-separated (runqueue, "

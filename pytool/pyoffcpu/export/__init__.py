@@ -1,4 +1,5 @@
-"""Exporters: a Profile into a flame graph SVG, speedscope JSON or folded text.
+"""Exporters: a Profile into a flame graph SVG, speedscope JSON, folded text
+or pprof (gzipped profile.proto).
 
 `write_profile` renders and writes atomically: a temporary file in the
 destination directory, fsync, then os.replace, so a reader never sees a
@@ -11,28 +12,38 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 from ..platform import ProfilerError
 from ..profile import Profile
 
-FORMATS = {"svg", "speedscope", "folded"}
+FORMATS = {"svg", "speedscope", "folded", "pprof"}
 
 _EXTENSIONS = {
     ".svg": "svg",
     ".json": "speedscope",
     ".folded": "folded",
     ".txt": "folded",
+    ".pb.gz": "pprof",
+    ".pprof": "pprof",
 }
 
-_FORMAT_EXTENSIONS = {"svg": ".svg", "speedscope": ".json", "folded": ".folded"}
+_FORMAT_EXTENSIONS = {"svg": ".svg", "speedscope": ".json", "folded": ".folded", "pprof": ".pb.gz"}
+
+
+def _extension(path: str) -> str:
+    """The name's extension as _EXTENSIONS knows it (.pb.gz is one)."""
+    name = os.path.basename(os.fspath(path)).lower()
+    if name.endswith(".pb.gz"):
+        return ".pb.gz"
+    return os.path.splitext(name)[1]
 
 FILE_MODE = 0o644
 
 
 def format_for_path(path: str) -> str:
     """The output format an output file name asks for, from its extension."""
-    ext = os.path.splitext(os.fspath(path))[1].lower()
+    ext = _extension(path)
     fmt = _EXTENSIONS.get(ext)
     if fmt is None:
         known = ", ".join(f"{e} ({f})" for e, f in _EXTENSIONS.items())
@@ -44,8 +55,9 @@ def format_for_path(path: str) -> str:
 
 
 def render(profile: Profile, fmt: str, threads: bool = True, full_paths: bool = False,
-           title: Optional[str] = None) -> str:
-    """The profile rendered in format `fmt` (one of FORMATS) as text."""
+           title: Optional[str] = None) -> Union[str, bytes]:
+    """The profile rendered in format `fmt` (one of FORMATS): text, or bytes
+    for pprof."""
     if fmt == "svg":
         from .svg import render_svg
         return render_svg(profile, threads=threads, full_paths=full_paths, title=title)
@@ -55,10 +67,15 @@ def render(profile: Profile, fmt: str, threads: bool = True, full_paths: bool = 
     if fmt == "folded":
         from .folded import render_folded
         return render_folded(profile, threads=threads, full_paths=full_paths)
+    if fmt == "pprof":
+        from .pprof import render_pprof
+        return render_pprof(profile, threads=threads, full_paths=full_paths)
     raise ValueError(f"unknown output format {fmt!r}; known formats: {', '.join(sorted(FORMATS))}")
 
 
-def _encode(text: str) -> bytes:
+def _encode(text: Union[str, bytes]) -> bytes:
+    if isinstance(text, bytes):
+        return text
     try:
         # labels decoded with surrogateescape get their original bytes back
         return text.encode("utf-8", "surrogateescape")
@@ -170,8 +187,8 @@ def write_fallback(path: str, fmt: str, data: bytes, directory: str) -> str:
     (`pyoffcpu-fallback-<basename>.<random><ext>`); returns its path.  The
     file is removed again if the write fails."""
     base = os.path.basename(os.fspath(path)) or "profile"
-    ext = os.path.splitext(base)[1]
-    if _EXTENSIONS.get(ext.lower()) != fmt:        # e.g. -o out.txt --format svg
+    ext = _extension(base)
+    if _EXTENSIONS.get(ext) != fmt:        # e.g. -o out.txt --format svg
         ext = _FORMAT_EXTENSIONS.get(fmt, "")
     fd, tmp = tempfile.mkstemp(prefix=f"pyoffcpu-fallback-{base}.", suffix=ext,
                                dir=directory)
