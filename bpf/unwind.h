@@ -526,6 +526,29 @@ static __always_inline void switch_recorded(struct unwind_state *s)
         count_drop(DROP_START_FULL);
 }
 
+/* A thread's memo stands for the walk about to start: its stack is the key's. */
+static __always_inline int memo_reused(struct unwind_state *s, struct switch_memo_t *m)
+{
+    if (!m)
+        return 0;
+    s->key.nstack = m->nstack;
+    s->ready = 0;
+    return 1;
+}
+
+/* The end of a walk: its stack stored in the key.  1 when the walk may be
+ * memorised (complete, and every read checkable): s->memo then holds it. */
+static __always_inline int walk_done(struct unwind_state *s)
+{
+    s->ready = 0;
+    int stored = unwind_store(s);
+    if (!stored || !s->memo.ok || s->memo.nw == 0 ||
+        (s->st.flags & (NST_INCOMPLETE | NST_TRUNCATED | NST_UNMAPPED)))
+        return 0;
+    s->memo.nstack = s->key.nstack;
+    return 1;
+}
+
 /* sched_switch's first finishing program: reuse the thread's last native
  * walk when all its inputs hold, else walk (unwind_tp).  A program of its
  * own: its check loop and the walk's loops together exceed what the
@@ -536,16 +559,10 @@ int memo_tp(void *ctx)
     struct unwind_state *s = unwind_scratch.lookup(&slot);
     if (!s)
         return 0;
-    if (s->ready) {
-        u32 tid = s->key.tid;
-        struct switch_memo_t *m = memo_match(s, switch_memo.lookup(&tid));
-        if (!m) {
-            unwind_tp_progs.call(ctx, 0);
-            s->ready = 0;           /* the tail call failed: no native stack */
-        } else {
-            s->key.nstack = m->nstack;
-            s->ready = 0;
-        }
+    u32 tid = s->key.tid;
+    if (s->ready && !memo_reused(s, memo_match(s, switch_memo.lookup(&tid)))) {
+        unwind_tp_progs.call(ctx, 0);
+        s->ready = 0;               /* the tail call failed: no native stack */
     }
     switch_recorded(s);
     return 0;
@@ -563,12 +580,7 @@ int unwind_tp(void *ctx)
             unwind_tp_progs.call(ctx, 0);
             s->st.flags |= NST_TRUNCATED;
         }
-        s->ready = 0;
-        int stored = unwind_store(s);
-        /* Memorise a complete walk whose every read can be checked. */
-        if (stored && s->memo.ok && s->memo.nw > 0 &&
-            !(s->st.flags & (NST_INCOMPLETE | NST_TRUNCATED | NST_UNMAPPED))) {
-            s->memo.nstack = s->key.nstack;
+        if (walk_done(s)) {
             if (switch_memo.update(&tid, &s->memo) != 0)
                 count_drop(DROP_MEMO_FULL);
         } else {
@@ -587,24 +599,18 @@ static __always_inline void wake_recorded(struct unwind_state *s);     /* pyoffc
  * same registers, the same words on its stack).  Entries go with LRU. */
 BPF_F_TABLE("lru_hash", u32, struct switch_memo_t, wake_memo, 4096, 0);
 
-/* sched_waking's first finishing program: the waker's last walk when all
- * its inputs hold, else the walk (unwind_wake); then its entry in last_waker. */
+/* sched_waking's finishing programs, as sched_switch's: the waker's last
+ * walk when all its inputs hold, else the walk; then its last_waker entry. */
 int memo_wake(void *ctx)
 {
     int slot = 2;
     struct unwind_state *s = unwind_scratch.lookup(&slot);
     if (!s)
         return 0;
-    if (s->ready) {
-        u32 tid = s->key.tid;
-        struct switch_memo_t *m = memo_match(s, wake_memo.lookup(&tid));
-        if (!m) {
-            unwind_wake_progs.call(ctx, 0);
-            s->ready = 0;           /* the tail call failed: no native stack */
-        } else {
-            s->key.nstack = m->nstack;
-            s->ready = 0;
-        }
+    u32 tid = s->key.tid;
+    if (s->ready && !memo_reused(s, memo_match(s, wake_memo.lookup(&tid)))) {
+        unwind_wake_progs.call(ctx, 0);
+        s->ready = 0;
     }
     wake_recorded(s);
     return 0;
@@ -622,15 +628,10 @@ int unwind_wake(void *ctx)
             unwind_wake_progs.call(ctx, 0);
             s->st.flags |= NST_TRUNCATED;
         }
-        s->ready = 0;
-        int stored = unwind_store(s);
-        if (stored && s->memo.ok && s->memo.nw > 0 &&
-            !(s->st.flags & (NST_INCOMPLETE | NST_TRUNCATED | NST_UNMAPPED))) {
-            s->memo.nstack = s->key.nstack;
+        if (walk_done(s))
             wake_memo.update(&tid, &s->memo);
-        } else {
+        else
             wake_memo.delete(&tid);
-        }
     }
     wake_recorded(s);
     return 0;
