@@ -160,7 +160,7 @@ def test_library_loaded_during_the_recording_is_unwound(extension, tmp_path, bpf
 def test_native_stacks_match_the_python_stacks(label, bpf):
     """On-CPU samples inside Python: the eval frames of the native stack pair
     one to one with the Python groups (no fallback)."""
-    from pyoffcpu import platform as plat
+    from pyoffcpu import bpfdefs, platform as plat
     from pyoffcpu import symbols
     from pyoffcpu.merge import Merger
     from pyoffcpu.session import Options, Session
@@ -173,7 +173,7 @@ def test_native_stacks_match_the_python_stacks(label, bpf):
     merger = Merger(rec, symbols.Symbolizer())
     on_py = on_matched = 0
     for (tgid, tid, us, ks, ph, kind), (count, ns) in rec.stacks.items():
-        if kind != 0 or not ph:
+        if not bpfdefs.on_cpu(kind) or not ph:
             continue
         before = merger.stats.matched_ns
         merger.frames_for(tgid, us, ks, ph, ns)

@@ -135,7 +135,7 @@ class Phase:
         self.depths = (0, 0)
 
     def run(self):
-        from pyoffcpu import platform as plat
+        from pyoffcpu import bpfdefs, platform as plat
         from pyoffcpu.session import Options, Session
         a = self.args
         argv = self.argv or [a.python, os.path.join(WORKLOADS, "deep_stacks.py"), self.so, self.mode,
@@ -149,8 +149,8 @@ class Phase:
             s = holder["session"]
             progs = {name.decode() if isinstance(name, bytes) else name: fdinfo(fn.fd)
                      for name, fn in s.bpf.funcs.items()}
-            on = sum(v[0] for k, v in rec.stacks.items() if k[0] == pid and k[5] == 0)
-            off = sum(v[0] for k, v in rec.stacks.items() if k[0] == pid and k[5] != 0)
+            on = sum(v[0] for k, v in rec.stacks.items() if k[0] == pid and bpfdefs.on_cpu(k[5]))
+            off = sum(v[0] for k, v in rec.stacks.items() if k[0] == pid and not bpfdefs.on_cpu(k[5]))
             snap = (progs, on, off)
             if elapsed >= 2.0 and self.first is None:
                 self.first = snap
