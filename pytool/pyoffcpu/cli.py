@@ -269,5 +269,52 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
         raise write_error
 
 
+DIFF_EPILOG = """\b
+Examples:
+  pyoffcpu diff monday.folded tuesday.folded -o diff.svg
+  pyoffcpu diff before.pb.gz after.pb.gz -o diff.svg --shape a
+
+\b
+A and B are folded (.folded, .txt) or pprof (.pb.gz, .pprof) files, as
+`record` writes them. Frames are merged by name across processes and
+threads; each is coloured by the change of its share of its profile's
+total (red: more of B, blue: less), and its tooltip gives both times.
+"""
+
+
+@main.command(epilog=DIFF_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default="diff.svg", show_default=True, metavar="FILE.svg",
+              help="The differential flame graph (SVG).")
+@click.option("--shape", type=click.Choice(["a", "b"]), default="b", show_default=True,
+              help="Whose widths the frames have (b: what is there now; a: what was there).")
+@click.option("--full-paths", is_flag=True, help="Full source paths in Python frames.")
+def diff(a, b, output, shape, full_paths):
+    """A differential flame graph of B against A."""
+    from .export import check_writable, write_bytes_atomic
+    from .export.diff import largest_changes, read_profile, render_diff
+    profiles = []
+    for path in (a, b):
+        try:
+            profiles.append(read_profile(path))
+        except OSError as e:
+            fail(f"cannot read {path}: {e.strerror or e}")
+        except ValueError as e:
+            fail(str(e))
+    if not profiles[0].weights or not profiles[1].weights:
+        fail(f"{a if not profiles[0].weights else b} holds no stacks")
+    try:
+        check_writable(output)
+        title = f"pyoffcpu diff: {os.path.basename(b)} against {os.path.basename(a)}"
+        write_bytes_atomic(output, render_diff(*profiles, title, shape, full_paths).encode(
+            "utf-8", "surrogateescape"))
+    except OSError as e:
+        fail(f"cannot write {output}: {e.strerror or e}")
+    for points, where in largest_changes(*profiles, full_paths=full_paths):
+        click.echo(f"  {points:+6.1f} points  {where}", err=True)
+    click.echo(f"pyoffcpu: wrote {output} (differential flame graph, {shape.upper()}'s widths)", err=True)
+
+
 if __name__ == "__main__":
     main()

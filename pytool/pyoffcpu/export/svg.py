@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 import re
 import zlib
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..profile import FrameKind, Profile
 
@@ -186,9 +186,22 @@ def _subtitle(profile: Profile) -> str:
 def render_svg(profile: Profile, threads: bool = True, full_paths: bool = False,
                title: Optional[str] = None) -> str:
     root = build_tree(profile, threads=threads, full_paths=full_paths)
-    total = root.total
     if title is None:
         title = default_title(profile)
+
+    def tip(node, total):
+        pct = 100.0 * node.total / total
+        return (f"{node.label}{SEP}{fmt_time(node.total)} ({pct:.1f}%), "
+                f"on-CPU {fmt_time(node.on)} / off-CPU {fmt_time(node.off)}")
+    return render_tree(root, title, _subtitle(profile),
+                       lambda node: frame_colour(node.label, node.kind, node.on, node.off), tip)
+
+
+def render_tree(root: _Node, title: str, sub: str, fill: Callable[[_Node], str],
+                tip: Callable[[_Node, int], str]) -> str:
+    """The SVG of a frame tree: each frame `fill(node)`, with the tooltip
+    `tip(node, total)` (render_svg's, and the differential graph's)."""
+    total = root.total
 
     # Lay the tree out: (node, depth, offset ns), parents before children.
     laid: List[Tuple[_Node, int, int]] = []
@@ -233,7 +246,6 @@ def render_svg(profile: Profile, threads: bool = True, full_paths: bool = False,
       ']]></style>\n')
     w(f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="url(#bg)"/>\n')
     w(f'<text id="title" x="{WIDTH / 2:.0f}" y="24">{xml_escape(title)}</text>\n')
-    sub = _subtitle(profile)
     w(f'<text id="subtitle" x="{WIDTH / 2:.0f}" y="44">{xml_escape(sub)}</text>\n')
     w(f'<text id="unzoom" class="ctl off" x="{XPAD}" y="24">Reset zoom</text>\n')
     w(f'<text id="search" class="ctl" x="{WIDTH - XPAD}" y="24" style="text-anchor:end">Search</text>\n')
@@ -248,12 +260,8 @@ def render_svg(profile: Profile, threads: bool = True, full_paths: bool = False,
         x = XPAD + off * scale
         fw = node.total * scale
         y = base_y - depth * FRAME_H
-        pct = 100.0 * node.total / total
-        tip = (f"{node.label}{SEP}{fmt_time(node.total)} ({pct:.1f}%), "
-               f"on-CPU {fmt_time(node.on)} / off-CPU {fmt_time(node.off)}")
-        fill = frame_colour(node.label, node.kind, node.on, node.off)
-        w(f'<g class="f" data-o="{off}" data-w="{node.total}"><title>{xml_escape(tip)}</title>'
-          f'<rect x="{x:.2f}" y="{y}" width="{fw:.2f}" height="{FRAME_H - 1}" fill="{fill}" rx="2" ry="2"/>'
+        w(f'<g class="f" data-o="{off}" data-w="{node.total}"><title>{xml_escape(tip(node, total))}</title>'
+          f'<rect x="{x:.2f}" y="{y}" width="{fw:.2f}" height="{FRAME_H - 1}" fill="{fill(node)}" rx="2" ry="2"/>'
           f'<text x="{x + 3:.2f}" y="{y + FRAME_H - 4.5:.1f}">{xml_escape(fit_text(node.label, fw))}</text></g>\n')
     w('</g>\n')
     w('<script type="text/ecmascript"><![CDATA[\n')
