@@ -26,6 +26,8 @@ Examples:
   sudo pyoffcpu -a -d 10                 # every process on the machine, on-CPU
   sudo pyoffcpu -a --match 'train|serve' --mode wall -d 10   # wall-clock, selected ones
   sudo pyoffcpu --subprocesses -- python3 train.py   # and the processes it starts
+  sudo pyoffcpu snapshot --gpu          # for cron (see `pyoffcpu snapshot --help`)
+  pyoffcpu report DIR; pyoffcpu diff A.folded B.folded   # a page of snapshots; what changed
 
 \b
 Output format follows the extension: .svg flame graph, .json speedscope,
@@ -267,6 +269,126 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
         click.echo(f"pyoffcpu: the command exited with status {rec.exit_status}", err=True)
     if write_error is not None:
         raise write_error
+
+
+SNAPSHOT_EPILOG = """\b
+Examples:
+  sudo pyoffcpu snapshot                        # every Python process, 10 s
+  sudo pyoffcpu snapshot --gpu -d 20            # the processes using a GPU
+  sudo pyoffcpu snapshot --match 'train|serve' --dir /data/profiles --keep-days 3
+  sudo pyoffcpu snapshot --pid 4242 --pid 4343 --format svg,pprof,folded
+  pyoffcpu snapshot --gpu --print-cron          # a crontab line and systemd units for this
+
+\b
+Files: DIR/<host>/<YYYY-mm-dd>/<HHMMSS>-<pid>-<name>.<ext>, one per process
+and format, and one entry per process in DIR/index.json (command line,
+Python, GPU facts, on/off-CPU totals, top functions); `pyoffcpu report DIR`
+makes a page of them. Retention deletes only files the index lists.
+Quiet on success; each error is one line on stderr. Exit status: 0 done,
+1 nothing recorded (an error), 2 recorded but something could not be
+written, 3 another snapshot holds DIR's lock (this run did nothing).
+"""
+
+
+@main.command(epilog=SNAPSHOT_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--dir", "directory", default="/var/lib/pyoffcpu/snapshots", show_default=True,
+              metavar="DIR", help="Where snapshots and their index go.")
+@click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
+              help="A process to record (repeat for several).")
+@click.option("--match", metavar="REGEX", default=None,
+              help="The Python processes whose command line matches REGEX.")
+@click.option("--gpu", is_flag=True,
+              help="The Python processes with a /dev/nvidia* device open or libcuda mapped "
+                   "(with nvidia-ml-py installed, NVML adds GPU indices, memory and utilisation).")
+@click.option("-d", "--duration", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="How long to record (all targets at once).")
+@click.option("-F", "--frequency", type=click.IntRange(1, 10000), default=99, show_default=True,
+              help="On-CPU samples per second.")
+@click.option("--mode", type=click.Choice(["wall", "cpu", "off"]), default="wall", show_default=True)
+@click.option("--format", "formats", default="svg,pprof", show_default=True, metavar="LIST",
+              help="Comma-separated: svg, pprof, folded, speedscope.")
+@click.option("--keep-days", type=float, default=7.0, show_default=True,
+              help="Delete the snapshots (listed in the index) older than this.")
+@click.option("--max-total-mb", type=float, default=None,
+              help="Then delete the oldest until the listed files fit in this many MiB.")
+@click.option("--print-cron", is_flag=True,
+              help="Print a crontab line and a systemd service + timer for this command, and exit.")
+@click.option("--every", type=click.IntRange(1, 59), default=15, show_default=True, metavar="MIN",
+              help="With --print-cron: minutes between snapshots.")
+def snapshot(directory, pids, match, gpu, duration, frequency, mode, formats, keep_days,
+             max_total_mb, print_cron, every):
+    """Short wall-clock profiles of the processes that matter, for cron."""
+    from . import snapshot as S
+    fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
+    bad = [f for f in fmts if f not in S.SNAPSHOT_FORMATS]
+    if bad or not fmts:
+        raise click.BadParameter(f"unknown format {', '.join(bad) or '(none)'}; "
+                                 f"use {', '.join(S.SNAPSHOT_FORMATS)}", param_hint="--format")
+    if match is not None:
+        import re
+        try:
+            re.compile(match)
+        except re.error as e:
+            raise click.BadParameter(f"not a regular expression: {e}", param_hint="--match")
+    if print_cron:
+        argv = [_own_executable(), "snapshot", "--dir", os.path.abspath(directory)]
+        argv += sum((["--pid", str(p)] for p in pids), [])
+        argv += (["--match", match] if match else []) + (["--gpu"] if gpu else [])
+        argv += ["-d", f"{duration:g}", "-F", str(frequency), "--mode", mode, "--format", ",".join(fmts),
+                 "--keep-days", f"{keep_days:g}"]
+        argv += ["--max-total-mb", f"{max_total_mb:g}"] if max_total_mb is not None else []
+        click.echo(S.schedule_text(argv, every), nl=False)
+        return
+    opts = S.SnapshotOptions(os.path.abspath(directory), list(pids), match, gpu, duration, frequency,
+                             mode, fmts, keep_days, max_total_mb)
+    errors: list = []
+    try:
+        code = S.run(opts, errors)
+    except S.Locked as e:
+        click.echo(e.line(), err=True)
+        sys.exit(S.EXIT_LOCKED)
+    except ProfilerError as e:
+        for line in errors:
+            click.echo(f"pyoffcpu: error: {line}", err=True)
+        click.echo(e.line(), err=True)
+        sys.exit(1)
+    except OSError as e:
+        fail(f"cannot use {directory}: {e.strerror or e}")
+    for line in errors:
+        click.echo(f"pyoffcpu: error: {line}", err=True)
+    sys.exit(code)
+
+
+@main.command(context_settings={"help_option_names": ["-h", "--help"]},
+              epilog="\b\nExample:\n  pyoffcpu report /var/lib/pyoffcpu/snapshots   # -> .../report.html")
+@click.argument("directory", type=click.Path(file_okay=False), metavar="DIR")
+@click.option("-o", "--output", default=None, metavar="FILE.html",
+              help="The page (default: DIR/report.html).")
+def report(directory, output):
+    """One HTML page over the snapshots in DIR: a timeline per host and
+    process, top functions and off-CPU reasons, links to each file."""
+    from .export import check_writable, write_bytes_atomic
+    from .report import render_report
+    from .snapshot import INDEX
+    if not os.path.isfile(os.path.join(directory, INDEX)):
+        fail(f"no snapshot index in {directory} ({INDEX})", "run `pyoffcpu snapshot --dir DIR` first")
+    output = output or os.path.join(directory, "report.html")
+    try:
+        check_writable(output)
+        base = os.path.relpath(os.path.abspath(directory), os.path.dirname(os.path.abspath(output)))
+        page = render_report(directory, "" if base == "." else base)
+        write_bytes_atomic(output, page.encode("utf-8"))
+    except ProfilerError as e:
+        fail(e.what, e.todo)
+    except OSError as e:
+        fail(f"cannot write {output}: {e.strerror or e}")
+    click.echo(f"pyoffcpu: wrote {output}", err=True)
+
+
+def _own_executable() -> str:
+    """The pyoffcpu command that runs this code (the venv's entry point)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "pyoffcpu")
+    return exe if os.access(exe, os.X_OK) else "pyoffcpu"
 
 
 DIFF_EPILOG = """\b

@@ -250,6 +250,26 @@ class Profile:
                 out.add(key, ns, self.sample_counts.get(key, 1))
         return out
 
+    def of_process(self, pid: int) -> "Profile":
+        """The stacks, threads and times of one process, its target named."""
+        import copy
+        meta = copy.copy(self.meta)
+        meta.target = f"pid {pid}"
+        meta.native_modules = {k: v for k, v in self.meta.native_modules.items() if k[0] == pid}
+        tids = {t for t, p in self.thread_pid.items() if p == pid}
+        tids |= {t for t, info in self.thread_info.items() if info.pid == pid}
+        out = Profile(meta, {pid: self.processes.get(pid, "?")},
+                      {t: n for t, n in self.threads.items() if t in tids},
+                      {t: p for t, p in self.thread_pid.items() if p == pid},
+                      thread_info={t: i for t, i in self.thread_info.items() if i.pid == pid},
+                      ns_ids={i: n for i, n in self.ns_ids.items() if i == pid or i in tids},
+                      wakes={w: ns for w, ns in self.wakes.items() if w.pid == pid},
+                      gil={t: g for t, g in self.gil.items() if t in tids})
+        for key, ns in self.weights.items():
+            if key.pid == pid:
+                out.add(key, ns, self.sample_counts.get(key, 1))
+        return out
+
     def filtered(self, keep_on_cpu: bool, keep_off_cpu: bool) -> "Profile":
         return self._keeping(lambda k: keep_on_cpu if k.off_cpu is None else keep_off_cpu)
 

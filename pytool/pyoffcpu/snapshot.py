@@ -1,0 +1,433 @@
+"""`pyoffcpu snapshot`: short wall-clock profiles of the processes that
+matter, from cron or a systemd timer, kept for a week.
+
+One run: take the lock, find the targets (--pid, --match, --gpu, or every
+Python process), record them all at once in one session for -d seconds,
+write one file per process and format under
+`DIR/<host>/<YYYY-mm-dd>/<HHMMSS>-<pid>-<name>.<ext>`, add one entry per
+process to `DIR/index.json`, apply the retention (which deletes only files
+the index lists), and say nothing unless something failed.
+
+The index is this tool's record of what it wrote: `pyoffcpu report DIR`
+reads it, and retention never touches a file it does not list.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .platform import ProfilerError
+
+INDEX = "index.json"
+LOCK = ".lock"
+INDEX_VERSION = 1
+EXIT_LOCKED = 3                 # another snapshot holds DIR's lock
+EXIT_PARTIAL = 2                # recorded, but some files or entries could not be written
+DEFAULT_FORMATS = ("svg", "pprof")
+SNAPSHOT_FORMATS = ("svg", "pprof", "folded", "speedscope")
+EXTENSIONS = {"svg": ".svg", "pprof": ".pb.gz", "folded": ".folded", "speedscope": ".json"}
+TOP_FUNCTIONS = 10
+GPU_DEVICE = re.compile(r"^/dev/nvidia")
+GPU_LIBRARY = re.compile(r"/libcuda\.so(\.\d+)*$")
+
+
+class Locked(ProfilerError):
+    """Another snapshot run holds the directory's lock."""
+
+
+@dataclass
+class SnapshotOptions:
+    dir: str
+    pids: List[int] = field(default_factory=list)
+    match: Optional[str] = None
+    gpu: bool = False
+    duration: float = 10.0
+    frequency: int = 99
+    mode: str = "wall"
+    formats: Tuple[str, ...] = DEFAULT_FORMATS
+    keep_days: Optional[float] = 7.0
+    max_total_mb: Optional[float] = None
+    host: str = field(default_factory=socket.gethostname)
+
+
+# -- which processes ----------------------------------------------------------------
+def _read(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def cmdline(pid: int) -> str:
+    raw = _read(f"/proc/{pid}/cmdline") or b""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+
+
+def comm(pid: int) -> str:
+    return (_read(f"/proc/{pid}/comm") or b"?").decode("utf-8", "replace").strip()
+
+
+def _pids() -> List[int]:
+    return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
+
+
+def gpu_facts(pid: int) -> Dict[str, object]:
+    """What ties a process to a GPU without NVML: the /dev/nvidia* devices it
+    has open, and whether it maps libcuda.  {} when neither."""
+    devices = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if GPU_DEVICE.match(target):
+            devices.add(target)
+    maps = (_read(f"/proc/{pid}/maps") or b"").decode("utf-8", "replace")
+    libcuda = sorted({ln.split()[-1] for ln in maps.splitlines()
+                      if len(ln.split()) >= 6 and GPU_LIBRARY.search(ln.split()[-1])})
+    out: Dict[str, object] = {}
+    if devices:
+        out["devices"] = sorted(devices)
+    if libcuda:
+        out["libcuda"] = libcuda
+    return out
+
+
+def nvml_facts() -> Tuple[Dict[int, List[dict]], str]:
+    """Per host PID, the GPUs NVML says it runs on (index, name, memory it
+    uses, the GPU's utilisation), and a note on why there are none (NVML
+    absent, no driver, no GPU).  nvidia-ml-py is optional."""
+    try:
+        import pynvml                                   # nvidia-ml-py
+    except Exception:                                   # noqa: BLE001 - absent or broken: no facts
+        return {}, "NVML: nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:                              # noqa: BLE001 - no driver, no GPU
+        return {}, f"NVML: {type(e).__name__}: {e}".strip()
+    out: Dict[int, List[dict]] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            try:
+                util = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
+            except Exception:                           # noqa: BLE001
+                util = None
+            procs = list(pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+            try:
+                procs += list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(h))
+            except Exception:                           # noqa: BLE001
+                pass
+            for p in procs:                             # host PIDs, even from containers
+                mem = getattr(p, "usedGpuMemory", None)
+                out.setdefault(int(p.pid), []).append(
+                    {"index": i, "name": name, "utilization_pct": util,
+                     "memory_mib": round(mem / 2**20) if isinstance(mem, int) else None})
+    except Exception as e:                              # noqa: BLE001
+        return out, f"NVML: {type(e).__name__}: {e}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:                               # noqa: BLE001
+            pass
+    return out, ""
+
+
+@dataclass
+class Candidate:
+    pid: int
+    name: str
+    cmdline: str
+    gpu: Dict[str, object] = field(default_factory=dict)
+
+
+def find_targets(opts: SnapshotOptions, errors: List[str]) -> List[Candidate]:
+    """The processes to record: --pid ones (checked), else those --match and
+    --gpu select among the Python processes (all of them without either)."""
+    from .cpython import detect
+    me = os.getpid()
+    nvml: Dict[int, List[dict]] = {}
+    if opts.gpu:
+        nvml, _note = nvml_facts()
+    rx = re.compile(opts.match) if opts.match else None
+    out = []
+    if opts.pids:
+        for pid in opts.pids:
+            if not os.path.isdir(f"/proc/{pid}"):
+                errors.append(f"no such process: {pid}")
+                continue
+            out.append(Candidate(pid, comm(pid), cmdline(pid), _gpu_of(pid, nvml) if opts.gpu else {}))
+        return out
+    for pid in _pids():
+        if pid == me:
+            continue
+        line = cmdline(pid)
+        if not line or (rx is not None and not rx.search(line)):
+            continue                                    # kernel threads have no command line
+        gpu = _gpu_of(pid, nvml) if opts.gpu else {}
+        if opts.gpu and not gpu:
+            continue
+        try:
+            detect.find_python(pid)
+        except Exception:                               # noqa: BLE001 - not Python, gone, unreadable
+            continue
+        out.append(Candidate(pid, comm(pid), line, gpu))
+    return out
+
+
+def _gpu_of(pid: int, nvml: Dict[int, List[dict]]) -> Dict[str, object]:
+    facts = gpu_facts(pid)
+    if pid in nvml:
+        facts["nvml"] = nvml[pid]
+    return facts
+
+
+# -- the lock and the index ---------------------------------------------------------------
+class DirLock:
+    """flock on DIR/.lock, not waited for: an overlapping run is refused."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, LOCK)
+        self.fd = -1
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = (os.pread(self.fd, 32, 0).decode("ascii", "replace").strip() or "?")
+            os.close(self.fd)
+            self.fd = -1
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise Locked(f"another snapshot is running in {os.path.dirname(self.path)} "
+                             f"(pid {holder} holds {self.path})", "this run did nothing") from None
+            raise
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd >= 0:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def load_index(directory: str) -> dict:
+    data = _read(os.path.join(directory, INDEX))
+    if data is None:
+        return {"version": INDEX_VERSION, "entries": [], "runs": []}
+    try:
+        index = json.loads(data)
+    except ValueError:
+        raise ProfilerError(f"{os.path.join(directory, INDEX)} is not a pyoffcpu index (bad JSON)",
+                            "move it away; files it listed are no longer managed") from None
+    if not isinstance(index, dict) or not isinstance(index.get("entries"), list):
+        raise ProfilerError(f"{os.path.join(directory, INDEX)} is not a pyoffcpu index")
+    index.setdefault("runs", [])
+    return index
+
+
+def save_index(directory: str, index: dict) -> None:
+    from .export import write_bytes_atomic
+    write_bytes_atomic(os.path.join(directory, INDEX),
+                       (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
+
+
+def entry_bytes(entry: dict) -> int:
+    return sum(int(f.get("bytes", 0)) for f in entry.get("files", {}).values())
+
+
+def apply_retention(directory: str, index: dict, keep_days: Optional[float],
+                    max_total_mb: Optional[float], now: float) -> List[str]:
+    """Drop the index's entries older than keep_days, then the oldest until
+    the files it lists fit in max_total_mb; delete their files (only those)
+    and the day directories left empty.  Returns the paths deleted."""
+    entries = sorted(index["entries"], key=lambda e: e.get("time", 0))
+    drop = []
+    if keep_days is not None:
+        cut = now - keep_days * 86400
+        drop = [e for e in entries if e.get("time", 0) < cut]
+        entries = [e for e in entries if e.get("time", 0) >= cut]
+    if max_total_mb is not None:
+        limit = max_total_mb * 2**20
+        total = sum(entry_bytes(e) for e in entries)
+        while entries and total > limit:
+            e = entries.pop(0)
+            total -= entry_bytes(e)
+            drop.append(e)
+    deleted = []
+    root = os.path.realpath(directory)
+    for e in drop:
+        for f in e.get("files", {}).values():
+            path = os.path.realpath(os.path.join(directory, f["path"]))
+            if not path.startswith(root + os.sep):
+                continue                                # never outside DIR, whatever the index says
+            try:
+                os.unlink(path)
+                deleted.append(path)
+            except FileNotFoundError:
+                pass
+            d = os.path.dirname(path)
+            while d.startswith(root + os.sep):
+                try:
+                    os.rmdir(d)                         # only if empty
+                except OSError:
+                    break
+                d = os.path.dirname(d)
+    index["entries"] = entries
+    runs = index.get("runs", [])
+    if keep_days is not None:
+        runs = [r for r in runs if r.get("time", 0) >= now - keep_days * 86400]
+    index["runs"] = runs[-1000:]
+    return deleted
+
+
+# -- one run ---------------------------------------------------------------------------------
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:40] or "process"
+
+
+def run(opts: SnapshotOptions, errors: List[str]) -> int:
+    """One snapshot; errors (one line each) go to `errors`.  The exit code:
+    0 everything written, EXIT_PARTIAL something could not be, 1 nothing
+    recorded; Locked / ProfilerError are raised."""
+    os.makedirs(opts.dir, exist_ok=True)
+    with DirLock(opts.dir):
+        index = load_index(opts.dir)
+        started = time.time()
+        targets = find_targets(opts, errors)
+        written: List[dict] = []
+        code = 0
+        if targets:
+            code = _record(opts, targets, index, written, errors)
+        elif opts.pids:
+            code = 1
+        apply_retention(opts.dir, index, opts.keep_days, opts.max_total_mb, time.time())
+        index["runs"].append({"time": started, "host": opts.host, "targets": len(targets),
+                              "written": len(written), "errors": list(errors)[:20]})
+        save_index(opts.dir, index)
+        return code
+
+
+def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, written: List[dict],
+            errors: List[str]) -> int:
+    from . import platform as plat
+    from . import symbols
+    from .export import _encode, render, write_bytes_atomic
+    from .merge import build_profile
+    from .session import Options, Session
+    from .summary import top_functions
+
+    session = Session(Options(pids=[t.pid for t in targets], duration=opts.duration,
+                              frequency=opts.frequency, mode=opts.mode), plat.probe())
+
+    def on_signal(signum, frame):
+        session.request_stop(signal.Signals(signum).name)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rec = session.run()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    prof, _stats = build_profile(rec, symbols.Symbolizer())
+    stamp = time.localtime(rec.start_time or time.time())
+    day = os.path.join(opts.host, time.strftime("%Y-%m-%d", stamp))
+    os.makedirs(os.path.join(opts.dir, day), exist_ok=True)
+    code = 0
+    pythons = {p.pid: p.version_str for p in rec.python_images}
+    for t in targets:
+        part = prof.of_process(t.pid)
+        if not part.weights:
+            errors.append(f"process {t.pid} ({t.name}) left no samples: it ended before the recording")
+            code = EXIT_PARTIAL
+            continue
+        base = f"{time.strftime('%H%M%S', stamp)}-{t.pid}-{_safe(t.name)}"
+        files = {}
+        for fmt in opts.formats:
+            rel = os.path.join(day, base + EXTENSIONS[fmt])
+            title = (f"pyoffcpu snapshot: pid {t.pid} {t.name} on {opts.host} \u2014 {opts.mode} mode, "
+                     f"{rec.duration_s:.1f} s, {opts.frequency} Hz")
+            try:
+                data = _encode(render(part, fmt, title=title))
+                write_bytes_atomic(os.path.join(opts.dir, rel), data)
+            except OSError as e:
+                errors.append(f"cannot write {os.path.join(opts.dir, rel)}: {e.strerror or e}")
+                code = EXIT_PARTIAL
+                continue
+            files[fmt] = {"path": rel, "bytes": len(data)}
+        if not files:
+            continue
+        on = part.total_ns(on_cpu=True)
+        off = part.total_ns(on_cpu=False)
+        by_reason: Dict[str, int] = {}
+        for r in part.off_cpu_by_reason().values():
+            for k, v in r.items():
+                by_reason[k] = by_reason.get(k, 0) + v
+        entry = {
+            "time": rec.start_time, "host": opts.host, "pid": t.pid, "name": t.name,
+            "cmdline": t.cmdline, "python": pythons.get(t.pid, ""), "mode": opts.mode,
+            "frequency_hz": opts.frequency, "duration_s": round(rec.duration_s, 3),
+            "gone_at_end": not os.path.isdir(f"/proc/{t.pid}"),
+            "on_cpu_ns": on, "off_cpu_ns": off,
+            "off_cpu_by_reason_ns": dict(sorted(by_reason.items(), key=lambda kv: -kv[1])),
+            "threads": len({k.tid for k in part.weights}),
+            "top": [{"where": w, "ns": ns, "on_cpu_ns": o} for w, ns, o in top_functions(part, TOP_FUNCTIONS)],
+            "gpu": t.gpu, "files": files,
+            "notices": [n for n in rec.notices if f"process {t.pid}" in n][:10],
+        }
+        index["entries"].append(entry)
+        written.append(entry)
+    return code
+
+
+# -- cron and systemd ---------------------------------------------------------------------
+def schedule_text(argv: List[str], every_min: int = 15) -> str:
+    """A crontab line and a systemd service + timer that run this snapshot
+    command (argv: the pyoffcpu executable and its snapshot arguments, without
+    --print-cron) every `every_min` minutes."""
+    import shlex
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    return f"""\
+# crontab (root: `sudo crontab -e`), every {every_min} minutes; cron mails what it prints,
+# and a snapshot prints only errors:
+*/{every_min} * * * * {cmd}
+
+# systemd: /etc/systemd/system/pyoffcpu-snapshot.service
+[Unit]
+Description=pyoffcpu wall-clock snapshot of the Python processes
+
+[Service]
+Type=oneshot
+ExecStart={cmd}
+Nice=10
+
+# systemd: /etc/systemd/system/pyoffcpu-snapshot.timer
+[Unit]
+Description=pyoffcpu snapshot every {every_min} minutes
+
+[Timer]
+OnCalendar=*:0/{every_min}
+RandomizedDelaySec=30
+Persistent=true
+
+[Install]
+WantedBy=timers.target
+
+# then: sudo systemctl daemon-reload && sudo systemctl enable --now pyoffcpu-snapshot.timer
+"""
