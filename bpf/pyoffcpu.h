@@ -65,8 +65,7 @@ struct proc_info {
     int tstate_interp;
     int interp_ceval_gil;           /* 3.12+; -1: the GIL is at gil_addr */
     int gil_holder;
-    int pad;
-    unsigned long long gil_addr;
+    unsigned long long gil_addr;    /* at 80: no padding (bcc would name it) */
 };
 
 struct py_frame {

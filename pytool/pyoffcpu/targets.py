@@ -241,7 +241,7 @@ class Targets:
         info = table.Leaf()
         for name, t in info._fields_:
             if t is ctypes.c_int:
-                setattr(info, name, -1)
+                setattr(info, name, -1)     # the ints: offsets, -1 none
         info.walker = bpfdefs.WALK_NONE
         info.epoch = tgt.epoch
         info.gil_addr = 0
