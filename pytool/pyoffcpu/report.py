@@ -30,11 +30,13 @@ def _esc(s) -> str:
     return html.escape(str(s), quote=True)
 
 
-def group_entries(index: dict) -> Dict[Tuple[str, str], List[dict]]:
-    """(host, process name) -> its entries, oldest first."""
-    groups: Dict[Tuple[str, str], List[dict]] = {}
+def group_entries(index: dict) -> Dict[Tuple[str, str, str], List[dict]]:
+    """(host, process name, command line) -> its entries, oldest first: one
+    job's snapshots across restarts (new PIDs), apart from another job of
+    the same name."""
+    groups: Dict[Tuple[str, str, str], List[dict]] = {}
     for e in sorted(index.get("entries", []), key=lambda e: e.get("time", 0)):
-        groups.setdefault((e.get("host", "?"), e.get("name", "?")), []).append(e)
+        groups.setdefault((e.get("host", "?"), e.get("name", "?"), e.get("cmdline", "")), []).append(e)
     return groups
 
 
@@ -80,14 +82,14 @@ def render_report(directory: str, link_base: str = "") -> str:
     entries = [e for es in groups.values() for e in es]
     t0 = min((e["time"] for e in entries), default=0.0)
     t1 = max((e["time"] for e in entries), default=0.0)
-    names = sorted({name for _, name in groups})
+    names = sorted({name for _, name, _ in groups})
     days = sorted({_day(e) for e in entries})
     out: List[str] = []
     w = out.append
     w("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
       f"<title>pyoffcpu snapshots: {_esc(os.path.abspath(directory))}</title>\n<style>\n"
       "body { font-family: Verdana, 'DejaVu Sans', sans-serif; font-size: 13px; margin: 18px; color: #222; }\n"
-      "h1 { font-size: 19px; } h2 { font-size: 15px; margin: 22px 0 6px; }\n"
+      "h1 { font-size: 19px; } h2 { font-size: 15px; margin: 22px 0 2px; } .cmd { margin: 0 0 6px; }\n"
       "table { border-collapse: collapse; margin: 6px 0 12px; }\n"
       "td, th { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }\n"
       "th { background: #eef; } .num { text-align: right; white-space: nowrap; }\n"
@@ -99,7 +101,7 @@ def render_report(directory: str, link_base: str = "") -> str:
     runs = index.get("runs", [])
     last = runs[-1] if runs else None
     w(f'<p class="muted" id="overview">{len(entries)} snapshots of {len(groups)} processes, '
-      f"{len(days)} days"
+      f"{len(days)} day" + ("s" if len(days) != 1 else "")
       + (f"; last run {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(last['time']))}, "
          f"{last.get('targets', 0)} targets" + (f", {len(last.get('errors', []))} errors"
                                                  if last.get("errors") else "") if last else "")
@@ -111,10 +113,12 @@ def render_report(directory: str, link_base: str = "") -> str:
       + "</select></p>\n")
     if not entries:
         w('<p id="empty">No snapshots yet.</p>\n')
-    for (host, name), es in sorted(groups.items()):
+    for (host, name, line), es in sorted(groups.items()):
+        pys = ", ".join(sorted({e.get("python", "") for e in es if e.get("python")}))
         w(f'<section class="proc" data-process="{_esc(name)}" data-host="{_esc(host)}">'
-          f"<h2>{_esc(host)}: {_esc(name)} <span class=\"muted\">({len(es)} snapshots, "
-          f"{_esc(es[-1].get('python', ''))})</span></h2>\n")
+          f"<h2>{_esc(host)}: {_esc(name)} <span class=\"muted\">({len(es)} snapshots"
+          + (f", CPython {_esc(pys)}" if pys else "") + ")</span></h2>\n"
+          f'<p class="muted cmd">{_esc(line[:200])}</p>\n')
         w(_timeline(es, t0, t1) + "\n")
         w("<table><tr><th>when</th><th>pid</th><th class=\"num\">length</th><th>on / off CPU</th>"
           "<th>waiting for</th><th>top functions</th><th>files</th></tr>\n")
