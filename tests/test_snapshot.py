@@ -240,3 +240,45 @@ def test_three_cron_runs_with_retention_a_lock_and_a_report(tmp_path, bpf):
     dom = dump_dom(page, "#process=" + name)
     rows = re.findall(r'<tr class="snap( hidden)?" data-day="[^"]+" data-process="([^"]+)"', dom)
     assert rows and all(bool(h) == (p != name) for h, p in rows), rows
+
+
+def test_snapshot_gpu_finds_the_stand_in_with_nvml_installed_and_no_gpu(tmp_path, bpf, gpu_standin):
+    """--gpu picks the process that holds the stand-in device open (and no
+    other Python process here), with nvidia-ml-py importable but no driver:
+    the entry has the device, no NVML facts, and nothing is printed."""
+    pid, path = gpu_standin
+    target = tmp_path / "nvml"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          "--target", str(target), "nvidia-ml-py"], capture_output=True, text=True)
+    e = env()
+    if pip.returncode == 0:
+        e["PYTHONPATH"] = str(target) + os.pathsep + e.get("PYTHONPATH", "")
+    d = str(tmp_path / "snaps")
+    res = subprocess.run(pyoffcpu_cmd("snapshot", "--dir", d, "--gpu", "-d", "1"), env=e,
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == "", res
+    entries = json.loads(open(os.path.join(d, "index.json")).read())["entries"]
+    assert [x["pid"] for x in entries] == [pid], entries
+    assert entries[0]["gpu"] == {"devices": [path]}
+
+
+def test_the_printed_cron_line_runs_as_printed(tmp_path, bpf):
+    """The crontab line, run the way cron runs it (sh -c, a bare
+    environment): a snapshot in the directory it names, nothing printed."""
+    python = python_or_skip("pyenv-3.11")
+    tag = f"cronline-tag-{os.getpid()}"
+    w = Workload(python, "split.py", 300, tag)
+    d = str(tmp_path / "snaps")
+    try:
+        res = subprocess.run(pyoffcpu_cmd("snapshot", "--print-cron", "--dir", d, "--match",
+                                          "cronline-tag-[0-9]+", "-d", "1"), env=env(),
+                             capture_output=True, text=True)
+        line = next(ln for ln in res.stdout.splitlines() if ln.startswith("*/"))
+        command = line.split(None, 5)[5]
+        res = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "HOME=/root", "SHELL=/bin/sh",
+                              "/bin/sh", "-c", command], capture_output=True, text=True, timeout=180)
+    finally:
+        w.stop()
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == "", (command, res)
+    entries = json.loads(open(os.path.join(d, "index.json")).read())["entries"]
+    assert [x["pid"] for x in entries] == [w.pid]
