@@ -152,3 +152,34 @@ def test_a_threads_entry_skips_threading_and_the_312_entry_shim():
     assert d._stack_entry(7) == "handle (app.py)"
     d.rec.pystacks[8] = session.PyStack(1, 0, frames[3:], infos[3:])
     assert d._stack_entry(8) is None
+
+
+def test_an_ended_threads_wakers_fold_with_its_waits():
+    """--wakers: when an ended thread folds into its group, the wakers of its
+    waits go with them, so each wait's time is still split by its wakers
+    (the chains add up to the wait) under the group's root."""
+    from pyoffcpu import bpfdefs
+    from pyoffcpu.merge import build_profile
+    d = Drainer(FakeAgg([]))
+    d._entries, d._groups = {}, {}
+    d._tid_keys, d._tid_wakes = {}, {}
+    d.rec = session.Recording(session.Options())
+    pid, tid, waker_tid = 10, 11, 12
+    d.rec.threads[tid] = session.ThreadTimes(pid, tid, "worker", exited=True, last_ns=5)
+    wait = (pid, tid, -1, -1, 0, bpfdefs.KIND_SLEEP)
+    d._add(wait, 4, 1000)
+    task = (bpfdefs.value("WAKER_TASK"), pid, waker_tid, -1, -1, 0, "producer")
+    timer = (bpfdefs.value("WAKER_TIMER"), 0, 0, -1, -1, 0, "")
+    for waker, ns in ((task, 600), (timer, 300)):
+        d._add_wake({"tgid": pid, "tid": tid, "ustack": -1, "kstack": -1, "pystack": 0,
+                     "kind": bpfdefs.KIND_SLEEP, "nstack": 0, "waker_kind": waker[0],
+                     "waker_tgid": waker[1], "waker_tid": waker[2], "waker_ustack": -1,
+                     "waker_kstack": -1, "waker_pystack": 0, "waker_nstack": 0,
+                     "waker_comm0": int.from_bytes(waker[6].encode().ljust(8, b"\0")[:8], "little"),
+                     "waker_comm1": 0}, 2 if waker is task else 1, ns)
+    d._fold(tid)
+    gid = next(iter(d._groups.values()))
+    assert gid < 0 and all(w[0][1] == gid for w in d.rec.wakes), d.rec.wakes
+    prof, _ = build_profile(d.rec, symbolizer=None)
+    chains = {tuple(f.name for f in k.waker): ns for k, ns in prof.weights.items()}
+    assert chains == {(f"thread {waker_tid} producer",): 600, ("[woken by timer]",): 300, (): 100}

@@ -582,24 +582,12 @@ class Session:
         if g.threads == 1:
             g.first_tid = tid
         for key, (count, ns) in moved:
-            gk = (key[0], gid) + key[2:]
-            acc = stacks.get(gk)
-            if acc is None:
-                stacks[gk] = [count, ns]
-            else:
-                acc[0] += count
-                acc[1] += ns
+            _accumulate(stacks, (key[0], gid) + key[2:], count, ns)
         # its waits' wakers go with them, under the same group
         wakes = self.rec.wakes
         for wait, waker in self._tid_wakes.pop(tid, ()):
             count, ns = wakes.pop((wait, waker))
-            gk = ((wait[0], gid) + wait[2:], waker)
-            acc = wakes.get(gk)
-            if acc is None:
-                wakes[gk] = [count, ns]
-            else:
-                acc[0] += count
-                acc[1] += ns
+            _accumulate(wakes, ((wait[0], gid) + wait[2:], waker), count, ns)
 
     def _settle(self, tid: int):
         """A closed thread's final numbers: its raw sample count and its
@@ -960,6 +948,16 @@ class Session:
                     key.kind)
             self._fetch_stack_ids(skey[2], key.kstack)
             self._add(skey, 1, ns)
+
+
+def _accumulate(table: Dict, key, count: int, ns: int) -> None:
+    """table[key] += [count, ns], the entry made if there is none."""
+    acc = table.get(key)
+    if acc is None:
+        table[key] = [count, ns]
+    else:
+        acc[0] += count
+        acc[1] += ns
 
 
 AGG_KEY_FIELDS = ("tgid", "tid", "ustack", "kstack", "pystack", "kind", "gen", "nstack")
