@@ -391,6 +391,127 @@ def _own_executable() -> str:
     return exe if os.access(exe, os.X_OK) else "pyoffcpu"
 
 
+DUMP_EPILOG = """\b
+Examples:
+  sudo pyoffcpu dump -p 4242                # every thread's Python stack, state, the GIL
+  sudo pyoffcpu dump -p 4242 --native       # with native frames (threads blocked in the kernel)
+  sudo pyoffcpu dump -p 4242 --json | jq .  # for scripts
+  sudo pyoffcpu dump -p 4242 --subprocesses # and the processes it started
+
+\b
+Nothing is stopped: stacks are read from /proc and the process's memory,
+so a deadlocked process can be dumped (and stays as it was).
+"""
+
+
+@main.command(epilog=DUMP_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-p", "--pid", "pid", type=int, required=True, metavar="PID", help="The process.")
+@click.option("--native", is_flag=True,
+              help="Native frames too (unwound from .eh_frame; a thread running on a CPU has none).")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout instead of text.")
+@click.option("--subprocesses", is_flag=True, help="The processes it started too.")
+def dump(pid, native, as_json, subprocesses):
+    """Every thread's current stack, its state, the GIL holder, lock owners."""
+    from . import dump as D
+    from .platform import check_privileges
+    try:
+        check_privileges()
+    except ProfilerError as e:
+        fail(e.what, e.todo)
+    if not os.path.isdir(f"/proc/{pid}"):
+        fail(f"no such process: {pid}", "check the PID with `ps`")
+    dumps = []
+    for p in [pid] + (D.children(pid) if subprocesses else []):
+        try:
+            dumps.append(D.dump_process(p, native=native))
+        except OSError as e:
+            if p == pid:
+                fail(f"cannot read process {pid}: {e.strerror or e}")
+    if as_json:
+        import json
+        click.echo(json.dumps([d.as_dict() for d in dumps] if subprocesses else dumps[0].as_dict(),
+                              indent=1))
+    else:
+        click.echo("\n\n".join(D.render_text(d) for d in dumps))
+
+
+TOP_EPILOG = """\b
+Examples:
+  sudo pyoffcpu top -p 4242            # wall-clock view of one process, every second
+  sudo pyoffcpu top -a                 # every process, on-CPU
+  sudo pyoffcpu top -p 4242 --once     # one refresh as text, for scripts
+
+\b
+Keys: o on-CPU, f off-CPU (with the reason), w wall, s sort (time / name),
+q quit. Ctrl-C quits too; when the target exits the last refresh stays on
+the terminal.
+"""
+
+
+@main.command(epilog=TOP_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
+              help="Process to watch (repeat for several).")
+@click.option("-a", "--all", "all_", is_flag=True, help="Every process on the machine.")
+@click.option("--mode", type=click.Choice(["wall", "cpu", "off"]), default=None,
+              help="What is recorded (default: wall with -p, cpu with -a).")
+@click.option("-F", "--frequency", type=click.IntRange(1, 10000), default=99, show_default=True)
+@click.option("--once", is_flag=True, help="Print one refresh (about a second) as text and exit.")
+def top(pids, all_, mode, frequency, once):
+    """A live view: functions by on-CPU, off-CPU or wall time, threads' states."""
+    from . import platform as plat
+    from . import top as T
+    from .session import Options, Session
+    if bool(pids) == bool(all_):
+        raise click.UsageError("give -p PID or -a")
+    mode = mode or ("cpu" if all_ else "wall")
+    if all_ and mode != "cpu":
+        raise click.UsageError("-a watches on-CPU time only (--mode cpu)")
+    for pid in pids:
+        if not os.path.isdir(f"/proc/{pid}"):
+            fail(f"no such process: {pid}", "check the PID with `ps`")
+    try:
+        session = Session(Options(pids=list(pids), system_wide=all_, mode=mode, frequency=frequency),
+                          plat.probe())
+    except ProfilerError as e:
+        fail(e.what, e.todo)
+    if all_:
+        title = "pyoffcpu top: every process"
+    else:
+        names = ", ".join(f"{p} {(_read_comm(p))}" for p in pids)
+        title = f"pyoffcpu top: pid {names}"
+
+    def on_signal(signum, frame):
+        session.request_stop(signal.Signals(signum).name)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        if once:
+            signal.signal(signal.SIGINT, on_signal)
+            why, screen = T.run(session, title, once=True, multi=all_ or len(pids) > 1)
+            click.echo("\n".join(screen))
+            return
+        import curses
+
+        def main_loop(stdscr):
+            curses.curs_set(0)
+            stdscr.nodelay(True)
+            signal.signal(signal.SIGINT, on_signal)
+            return T.run(session, title, stdscr=stdscr, multi=all_ or len(pids) > 1)
+        why, screen = curses.wrapper(main_loop)
+    except ProfilerError as e:
+        fail(e.what, e.todo)
+    if why not in ("quit", "SIGINT", "SIGTERM"):
+        click.echo("\n".join(screen))
+        click.echo(f"pyoffcpu top: {why}", err=True)
+
+
+def _read_comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 DIFF_EPILOG = """\b
 Examples:
   pyoffcpu diff monday.folded tuesday.folded -o diff.svg

@@ -23,6 +23,8 @@ Cases (numbers as in issue #5):
     the profiler's CPU, and its BPF programs' run times in one more run per mode
  11 memory of one session over 1, 10 and 100 idle target processes: peak RSS,
     the kernel memory of its BPF maps, time to `recording`
+ 13 dump latency (issue 14): `pyoffcpu dump -p` (and with --native) of a 50-thread
+    process, start to printed stacks, beside `py-spy dump` (which pauses it)
  12 system-wide: `pyoffcpu -a --mode cpu -F 99` beside 50 Python processes of 5
     interpreters (tools/bench/fleet.py: idle, busy, short-lived): its own CPU
     over a 10 s window, peak RSS, time to `recording`, how many it found with
@@ -67,6 +69,7 @@ import queue
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -335,6 +338,7 @@ class Results:
     server: Optional[dict] = None               # case 10
     multi: Optional[dict] = None                # case 11
     allprocs: Optional[dict] = None             # case 12
+    dump: Optional[dict] = None                 # case 13
     notes: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
 
@@ -714,6 +718,79 @@ def exporters_case(tools: Tools, res: Results):
         except Exception as e:                                  # noqa: BLE001
             res.errors.append(f"case 7 {fmt}: {e}")
             log(f"case 7 {fmt}: FAILED: {e}")
+
+
+# -- case 13: dump latency -------------------------------------------------------------------------
+DUMP_THREADS = 50
+DUMP_TARGET_S = 0.5             # issue 14: start to printed stacks
+DUMP_RUNS = 7
+DUMP_WORKLOAD = r"""
+import sys, threading, time
+n = int(sys.argv[1])
+lock = threading.Lock()
+def idle(i):
+    if i % 2:
+        time.sleep(3600)
+    with lock:
+        pass
+with lock:
+    for i in range(n - 1):
+        threading.Thread(target=idle, args=(i,), daemon=True).start()
+    print("ready", flush=True)
+    time.sleep(3600)
+"""
+
+
+def dump_case(tools: Tools, res: Results, runs: int = DUMP_RUNS):
+    """Median wall time of a dump of a 50-thread process: pyoffcpu dump,
+    with --native, and py-spy dump (native too)."""
+    p = subprocess.Popen([tools.python, "-c", DUMP_WORKLOAD, str(DUMP_THREADS)], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        rows = {}
+        cmds = {"pyoffcpu dump": tools.pyoffcpu + ["dump", "-p", str(p.pid)],
+                "pyoffcpu dump --native": tools.pyoffcpu + ["dump", "-p", str(p.pid), "--native"]}
+        if tools.pyspy:
+            cmds["py-spy dump"] = tools.pyspy + ["dump", "--pid", str(p.pid)]
+            cmds["py-spy dump --native"] = tools.pyspy + ["dump", "--native", "--pid", str(p.pid)]
+        for label, argv in cmds.items():
+            times = []
+            for _ in range(runs):
+                t0 = time.monotonic()
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                                   env=tools.env if label.startswith("pyoffcpu") else None)
+                times.append(time.monotonic() - t0)
+                if r.returncode != 0:
+                    raise RuntimeError(f"{label}: {r.stderr.strip()[-300:]}")
+            threads = len(re.findall(r"^(?:thread|Thread) ", r.stdout, re.M))
+            rows[label] = {"median_s": statistics.median(times), "min_s": min(times),
+                           "max_s": max(times), "threads": threads}
+            log(f"case 13 {label}: median {rows[label]['median_s']:.3f}s over {runs} ({threads} threads)")
+        res.dump = {"threads": DUMP_THREADS, "runs": runs, "rows": rows}
+    except Exception as e:                                      # noqa: BLE001
+        res.errors.append(f"case 13: {e}")
+        log(f"case 13: FAILED: {e}")
+    finally:
+        p.kill()
+        p.wait()
+
+
+def render_dump(d: dict) -> List[str]:
+    out = [f"## Dump latency (case 13): a {d['threads']}-thread process, {d['runs']} runs each\n"]
+    rows = []
+    for label, r in d["rows"].items():
+        tgt = DUMP_TARGET_S if label.startswith("pyoffcpu") else None
+        rows.append([label, f"{r['median_s']:.3f}", f"{r['min_s']:.3f}–{r['max_s']:.3f}", str(r["threads"]),
+                     f"<= {tgt:g} s" if tgt else "—", verdict(r["median_s"], tgt)])
+    out.append(markdown_table(["command", "median s", "min–max s", "threads shown", "target", ""], rows,
+                              "lrrrrl"))
+    out.append("")
+    out.append("Start of the command to its exit, stacks printed. pyoffcpu reads /proc and the target's "
+               "memory and never stops it; py-spy dump pauses the process while it reads.")
+    out.append("")
+    return out
 
 
 # -- case 9: a long run of a server that starts a thread per request ---------------------------------
@@ -1914,6 +1991,8 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
         out.extend(render_multi(res.multi))
     if res.allprocs:
         out.extend(render_allprocs(res.allprocs))
+    if res.dump:
+        out.extend(render_dump(res.dump))
     if res.notes:
         out.append("## Notes\n")
         out.extend(f"- {n}" for n in res.notes)
@@ -2023,7 +2102,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 7)))
     ap.add_argument("--work-s", type=float, default=float(os.environ.get("BENCH_WORK_S", 1.0)))
     ap.add_argument("--long-s", type=float, default=float(os.environ.get("BENCH_LONG_S", 60)))
-    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12"),
+    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13"),
                     help="comma-separated subset of 1-7 and 9-12 (8 comes with 1-4)")
     ap.add_argument("--threadserver-s", type=float,
                     default=float(os.environ["BENCH_THREADSERVER_S"]) if os.environ.get("BENCH_THREADSERVER_S")
@@ -2103,7 +2182,7 @@ def main():
             sys.exit(f"bench: {tree} is not a pyoffcpu source tree")
         env = dict(os.environ, PYTHONPATH=os.path.join(tree, "pytool"))
         po = [sys.executable, "-m", "pyoffcpu"]
-    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6", "10"} else (None, "")
+    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6", "10", "13"} else (None, "")
     tools = Tools(args.python, po, pyspy, pyspy_version, tempfile.mkdtemp(prefix="pyoffcpu-bench-"), env)
     tools.cache_dir = os.path.join(tools.outdir, "cache")
     tools.profs = profilers(tools)
@@ -2171,6 +2250,9 @@ def main():
                 f"{args.all_pairs} pairs")
             allprocs_case(tools, res, args.all_procs, args.all_s, args.all_pairs, args.work_s, args.all_pythons,
                           short_every=args.all_short_every, keep=args.keep)
+        if "13" in cases:
+            log(f"case 13: dump of a {DUMP_THREADS}-thread process")
+            dump_case(tools, res)
     except KeyboardInterrupt:
         res.errors.append("interrupted: the tables hold what was measured before")
     finally:
