@@ -84,6 +84,19 @@ def test_top_renders_refreshes_sorts_switches_and_quits(terminal, bpf):
         w.stop()
 
 
+def test_top_quits_cleanly_on_ctrl_c(terminal, bpf):
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "split.py", 120)
+    try:
+        start_top(terminal, "-p", str(w.pid))
+        wait_for(terminal, r"\[2\] \u2014 wall time")
+        tmux("send-keys", "-t", terminal, "C-c")
+        text = wait_for(terminal, r"^EXIT=0$", timeout=30)
+        assert "Traceback" not in text, text
+    finally:
+        w.stop()
+
+
 def test_top_ends_cleanly_when_its_target_exits(terminal, bpf):
     python = python_or_skip("pyenv-3.11")
     w = Workload(python, "split.py", 4)
