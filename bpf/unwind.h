@@ -278,7 +278,9 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
     }
     if (found) {
         struct unwind_row *r = &row;
-        u8 kind = r->kind;
+        u8 kind = r->kind & ~UR_DERIVED;
+        if (r->kind & UR_DERIVED)
+            s->st.flags |= NST_PROLOGUE;
         if (kind == UR_END)
             return 1;               /* the outermost frame: a complete stack */
         if (kind == UR_RSP)

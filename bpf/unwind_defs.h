@@ -20,6 +20,8 @@
 #define UR_RBP     2                /* CFA = rbp + cfa_off */
 #define UR_PLT     3                /* CFA = rsp + cfa_off + ((pc & 15) >= rbp ? 8 : 0) */
 #define UR_END     4                /* return address undefined: outermost frame */
+#define UR_DERIVED 0x80             /* flag: a row from prologue analysis, not from an FDE
+                                       (pytool/pyoffcpu/unwind/prologue.py) */
 #define RBP_LOST   (-128)           /* rbp cannot be recovered in the caller */
 #define ROW_RBP(r) ((s64)(signed char)(r)->rbp)
 
@@ -55,6 +57,7 @@ struct proc_unwind {
 #define NST_INCOMPLETE   2          /* stopped at a frame it could not unwind */
 #define NST_FRAMEPOINTER 4          /* some frames were found by frame pointer */
 #define NST_UNMAPPED     8          /* a pc in no mapping known to unwind_procs */
+#define NST_PROLOGUE     16         /* some frames were unwound by prologue-analysis rows */
 
 struct native_stack {
     unsigned int tgid;

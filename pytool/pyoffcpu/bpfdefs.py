@@ -94,6 +94,7 @@ NST_TRUNCATED = value("NST_TRUNCATED")
 NST_INCOMPLETE = value("NST_INCOMPLETE")
 NST_FRAMEPOINTER = value("NST_FRAMEPOINTER")
 NST_UNMAPPED = value("NST_UNMAPPED")
+NST_PROLOGUE = value("NST_PROLOGUE")
 
 
 def drop_names() -> Dict[int, str]:

@@ -262,6 +262,11 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     if stats.python_ns:
         click.echo(f"pyoffcpu: native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
                    "of the Python time (native frames above the interpreter only)", err=True)
+    if stats.prologue_ns or stats.framepointer_ns:
+        share = lambda ns: f"{100 * ns / stats.native_ns:.0f}%" if stats.native_ns else "0%"   # noqa: E731
+        click.echo(f"pyoffcpu: native stacks through code without CFI: {share(stats.prologue_ns)} of the "
+                   f"time needed rows from prologue analysis, {share(stats.framepointer_ns)} frame pointers",
+                   err=True)
     click.echo(render_summary(prof), err=True)
     if write_error is None:
         click.echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)

@@ -30,6 +30,9 @@ class MergeStats:
     fallback_ns: int = 0        # ... merged by the fallback
     fallback_stacks: int = 0
     unknown_code: int = 0       # code objects that could not be read
+    native_ns: int = 0          # weight of stacks walked from unwind tables
+    prologue_ns: int = 0        # ... that needed rows from prologue analysis (no CFI)
+    framepointer_ns: int = 0    # ... that needed frame pointers (no table)
     torn_stacks: int = 0        # Python stacks cut at a frame that is not a code object
 
     def as_dict(self) -> Dict[str, float]:
@@ -228,6 +231,12 @@ class Merger:
         # frame pointers are not.
         nflags = getattr(self.rec, "native_flags", {}).get(ustack)
         walked = nflags is not None
+        if walked:
+            self.stats.native_ns += ns
+            if nflags & bpfdefs.NST_PROLOGUE:
+                self.stats.prologue_ns += ns
+            if nflags & bpfdefs.NST_FRAMEPOINTER:
+                self.stats.framepointer_ns += ns
         groups, truncated = self.python_groups(pyhash) if pyhash else ([], False)
         if groups:
             self.stats.python_ns += ns

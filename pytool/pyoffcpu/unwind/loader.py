@@ -106,6 +106,8 @@ class NativeUnwinder:
         self.tables = tables
         self.cache = cache if cache is not None else (T.TableCache() if tables else None)
         self.elf_cache = elf_cache if elf_cache is not None else default_cache()
+        if self.cache is not None:
+            self.cache.elf_cache = self.elf_cache     # the prologue analysis's symbols
         self._objects: Dict[tuple, Optional[_Loaded]] = {}
         self._proc_keys: Dict[int, frozenset] = {}
         self._regions: Dict[int, list] = {}     # pid -> walk.Region list (user-space walks)

@@ -28,8 +28,8 @@ from .. import bpfdefs, cachedir
 from . import ehframe as E
 
 # the row kinds and limits BPF reads them with (bpf/unwind_defs.h)
-UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END = (bpfdefs.value(n) for n in (
-    "UR_INVALID", "UR_RSP", "UR_RBP", "UR_PLT", "UR_END"))
+UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END, UR_DERIVED = (bpfdefs.value(n) for n in (
+    "UR_INVALID", "UR_RSP", "UR_RBP", "UR_PLT", "UR_END", "UR_DERIVED"))
 RBP_LOST = bpfdefs.value("RBP_LOST")
 PAGE_SHIFT = 12
 PAGE = 1 << PAGE_SHIFT
@@ -40,6 +40,7 @@ MAX_ROWS_PER_PAGE = 1 << SEARCH_STEPS
 MIN_PAGE_SHIFT = 6
 
 KIND_NAMES = {UR_INVALID: "invalid", UR_RSP: "rsp", UR_RBP: "rbp", UR_PLT: "plt", UR_END: "end"}
+# (UR_DERIVED may be or-ed into a row's kind: from a prologue, not an FDE)
 
 
 @dataclass
@@ -130,10 +131,16 @@ def encode_row(r: E.Row) -> Tuple[int, int, int]:
     return (kind, r.cfa_off, rbp)
 
 
-def build_table(fdes: Iterable[E.FdeTable], build_id: Optional[str] = None) -> UnwindTable:
+def build_table(fdes: Iterable[E.FdeTable], build_id: Optional[str] = None,
+                derived: Iterable[Tuple[int, Tuple[int, int, int]]] = ()) -> UnwindTable:
+    """derived: (address, (kind | UR_DERIVED, cfa_off, rbp)) rows of the
+    functions no FDE covers (prologue.py), their ends invalid rows."""
     # (loc, priority, encoding): a rule at loc wins over the end marker of the
     # FDE before it (priority 0 < 1).
     entries: List[Tuple[int, int, Tuple[int, int, int]]] = []
+    for loc, enc in derived:
+        end = (enc[0] & ~UR_DERIVED) == UR_INVALID
+        entries.append((loc, 1 if end else 0, enc))
     unsupported = 0
     for fde in fdes:
         for r in fde.rows:
@@ -193,16 +200,26 @@ MAGIC = b"PYOFFUW2"
 _HDR = struct.Struct("<8sQIIII")       # magic, base, nrows, npages, unsupported, page shift
 
 
-def table_from_elf(stream) -> UnwindTable:
-    """The table of an ELF file's .eh_frame (stream: an open binary file)."""
+def table_from_elf(stream, path: Optional[str] = None, elf_cache=None) -> UnwindTable:
+    """The table of an ELF file's .eh_frame (stream: an open binary file),
+    with rows from prologue analysis for its functions without CFI (their
+    symbols through the session's ElfCache when `path` is given)."""
     from elftools.elf.elffile import ELFFile
     elf = ELFFile(stream)
     if elf["e_machine"] != "EM_X86_64":
         raise E.EhFrameError(f"not x86_64 ({elf['e_machine']})")
     sec = elf.get_section_by_name(".eh_frame")
-    if sec is None or sec["sh_type"] == "SHT_NOBITS":
-        return build_table([])
-    return build_table(E.parse_eh_frame(sec.data(), sec["sh_addr"]))
+    fdes = [] if sec is None or sec["sh_type"] == "SHT_NOBITS" else list(
+        E.parse_eh_frame(sec.data(), sec["sh_addr"]))
+    from . import prologue
+    syms = None
+    if path is not None:
+        try:
+            syms = prologue.function_symbols(path, elf_cache)
+        except Exception:               # noqa: BLE001 - read them with pyelftools instead
+            syms = None
+    derived = prologue.derived_rows(elf, [(f.pc_begin, f.pc_end) for f in fdes], syms)
+    return build_table(fdes, derived=derived)
 
 
 def serialize(t: UnwindTable) -> bytes:
@@ -246,7 +263,7 @@ class TableCache:
     Key: the GNU build-id when the file has one, else (path, device, inode,
     size, mtime).  Disk files are written atomically and checked on read."""
 
-    VERSION = 1
+    VERSION = 2                         # 2: rows from prologue analysis (prologue.py)
     MAX_FILES = 2048                    # past this, the least recently used half goes
 
     def __init__(self, directory: Optional[str] = "default"):
@@ -254,6 +271,7 @@ class TableCache:
         if self.dir is not None and not _safe_dir(self.dir):
             self.dir = None
         self._mem: dict = {}
+        self.elf_cache = None           # the session's ElfCache (None: the default one)
         self.built = 0                  # tables parsed from ELF this session
         self.loaded = 0                 # tables read from the disk cache
 
@@ -278,7 +296,7 @@ class TableCache:
         if t is None:
             try:
                 with open(path, "rb") as f:
-                    t = table_from_elf(f)
+                    t = table_from_elf(f, path, self.elf_cache)
             except Exception:           # any malformed ELF: no table, native stacks by FP
                 t = None
             if t is not None:

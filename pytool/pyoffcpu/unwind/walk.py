@@ -14,7 +14,7 @@ from ..memory import readable_range
 from . import table as T
 
 from ..bpfdefs import MAX_NATIVE_DEPTH as MAX_DEPTH
-from ..bpfdefs import NST_FRAMEPOINTER, NST_INCOMPLETE, NST_TRUNCATED
+from ..bpfdefs import NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PROLOGUE, NST_TRUNCATED
 
 # (start, end, runtime address of table pc 0, table) per executable mapping
 Region = Tuple[int, int, int, T.UnwindTable]
@@ -55,6 +55,9 @@ def walk(regions: Sequence[Region], pc: int, sp: int, bp: Optional[int],
         if region is not None:
             _, _, base, table = region
             _, off, kind, rbp = table.lookup(lookup - base + table.base)
+            if kind & T.UR_DERIVED:
+                kind &= ~T.UR_DERIVED
+                flags |= NST_PROLOGUE
             if kind == T.UR_END:
                 return pcs, flags
             if kind == T.UR_RSP:

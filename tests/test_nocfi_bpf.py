@@ -1,0 +1,91 @@
+"""Native stacks through assembly without CFI (workloads/nocfi_kernel.S,
+called from workloads/nocfi.c): the unwinder walks them from rows of
+prologue analysis.  Ground truth is the exact chain of each kernel call;
+it must be complete in >= 95% of the kernels' time, with no frame that is
+not on the real stack, on pyenv 3.9 / 3.11 / 3.13 and Debian's 3.11."""
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import WORKLOADS, Workload, python_or_skip, record_folded
+
+LABELS = ["pyenv-3.9", "pyenv-3.11", "pyenv-3.13", "debian-3.11"]
+KERNELS = ("nocfi_spin", "nocfi_call")
+# what called each kernel, outermost first, and what it may call
+CALLERS = {"spin": ["py_spin", "nf_outer", "nf_middle", "nocfi_spin"],
+           "call": ["py_call", "nf_outer_cb", "nf_middle_cb", "nocfi_call"],
+           "thread": ["clone3", "start_thread", "nf_thread", "nf_th_outer", "nf_middle", "nocfi_spin"]}
+BELOW = {"nocfi_spin": [[]], "nocfi_call": [[], ["nf_callback"]]}
+
+
+@pytest.fixture(scope="module")
+def extensions(tmp_path_factory):
+    """nocfi.so for each interpreter's headers (Debian's 3.11 takes pyenv 3.11's)."""
+    out = {}
+    for label in LABELS:
+        minor = "3.11" if label == "debian-3.11" else label.split("-")[1]
+        python = python_or_skip(label if label != "debian-3.11" else "pyenv-3.11")
+        inc = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        so = tmp_path_factory.mktemp("nocfi" + minor) / "nocfi.so"
+        subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-shared", "-fPIC", f"-I{inc}", "-o", str(so),
+                        os.path.join(WORKLOADS, "nocfi.c"), os.path.join(WORKLOADS, "nocfi_kernel.S"),
+                        "-lpthread"], check=True)
+        out[label] = str(so)
+    return out
+
+
+def judge(frames):
+    """(its kernel, complete, false frames) of one stack through a kernel."""
+    names = [f.name for f in frames]
+    k = max(i for i, n in enumerate(names) if n in KERNELS)
+    kernel, below = names[k], names[k + 1:]
+    false = 0 if below in BELOW[kernel] else 1
+    for chain in CALLERS.values():
+        if chain[-1] != kernel:
+            continue
+        above = names[max(0, k + 1 - len(chain)):k + 1]
+        if above == chain:
+            root = names[0] in ("_start", "__libc_start_main", "clone3", "clone")   # where walks end
+            if chain[0] == "clone3" and names[:len(chain)] != chain:
+                return kernel, False, false + 1          # something before clone3: not real
+            return kernel, root, false
+    # the frame above the kernel is not its caller: a false frame, unless the walk stopped there
+    return kernel, False, false + (1 if k > 0 and frames[k - 1].kind.value == "native"
+                                   and names[k - 1] not in sum(CALLERS.values(), []) else 0)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_kernels_without_cfi_keep_their_whole_chain(tmp_path, bpf, label, extensions):
+    python = python_or_skip(label)
+    w = Workload(python, "nocfi.py", extensions[label], 60)
+    try:
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "3", "-F", "499", "--mode", "cpu")
+    finally:
+        w.stop()
+    total = complete = false = 0
+    by = {}
+    for key, ns in prof.weights.items():
+        if not any(f.name in KERNELS for f in key.frames):
+            continue
+        kernel, ok, bad = judge(key.frames)
+        total += ns
+        complete += ns if ok and not bad else 0
+        false += bad
+        by.setdefault(kernel, [0, 0])
+        by[kernel][0] += ns
+        by[kernel][1] += ns if ok else 0
+        if bad:
+            print("false:", [f.name for f in key.frames])
+    print(f"\n{label}: complete {complete / max(total, 1):.3f} of {total / 1e9:.2f} s in the kernels; "
+          f"false frames {false}; " + ", ".join(f"{k} {c / max(t, 1):.3f}" for k, (t, c) in by.items()))
+    assert total > 1.0e9, total
+    assert false == 0
+    assert complete >= 0.95 * total, (complete, total, by)
+    # the Python frames are above the main thread's kernels
+    py = [k for k in prof.weights if any(f.name == "spin_case" for f in k.frames)]
+    assert py and any(f.name == "nocfi_spin" for k in py for f in k.frames)
+    m = re.search(r"(\d+)% of the time needed rows from prologue analysis", res.stderr)
+    assert m and int(m.group(1)) >= 50, res.stderr

@@ -1,0 +1,137 @@
+/* A C extension calling assembly kernels that have no CFI
+ * (nocfi_kernel.S), reached from Python through two C frames, for the
+ * unwinder's no-CFI tests.  Built by the tests with
+ *     gcc -O2 -fomit-frame-pointer -shared -fPIC nocfi.c nocfi_kernel.S
+ *
+ *   spin(seconds)      nf_outer -> nf_middle -> nocfi_spin (the kernel's own loop)
+ *   call(seconds)      nf_outer_cb -> nf_middle_cb -> nocfi_call -> nf_callback (C)
+ *   start_thread()     a pthread (no Python state): nf_thread -> nf_th_outer -> nocfi_spin
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KEEP __attribute__((noipa))
+#define AFTER_CALL() __asm__ volatile("" ::: "memory")
+
+unsigned long nocfi_spin(unsigned long iters);
+unsigned long nocfi_call(unsigned long iters, unsigned long (*fn)(void));
+
+static volatile unsigned long sink;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+KEEP unsigned long nf_callback(void)
+{
+    unsigned long n = 1;
+    for (int i = 0; i < 2000; i++)
+        n = n * 2862933555777941757UL + 3037000493UL;
+    sink = n;
+    return n;
+}
+
+KEEP unsigned long nf_middle(double seconds)
+{
+    double end = now_s() + seconds;
+    unsigned long n = 0;
+    do {
+        n += nocfi_spin(2000000);
+        AFTER_CALL();
+    } while (now_s() < end);
+    return n;
+}
+
+KEEP unsigned long nf_outer(double seconds)
+{
+    unsigned long n = nf_middle(seconds);
+    AFTER_CALL();
+    return n + 1;
+}
+
+KEEP unsigned long nf_middle_cb(double seconds)
+{
+    double end = now_s() + seconds;
+    unsigned long n = 0;
+    do {
+        n += nocfi_call(200000, nf_callback);
+        AFTER_CALL();
+    } while (now_s() < end);
+    return n;
+}
+
+KEEP unsigned long nf_outer_cb(double seconds)
+{
+    unsigned long n = nf_middle_cb(seconds);
+    AFTER_CALL();
+    return n + 1;
+}
+
+static PyObject *py_spin(PyObject *self, PyObject *args)
+{
+    double seconds;
+    if (!PyArg_ParseTuple(args, "d", &seconds))
+        return NULL;
+    unsigned long n;
+    Py_BEGIN_ALLOW_THREADS
+    n = nf_outer(seconds);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(n);
+}
+
+static PyObject *py_call(PyObject *self, PyObject *args)
+{
+    double seconds;
+    if (!PyArg_ParseTuple(args, "d", &seconds))
+        return NULL;
+    unsigned long n;
+    Py_BEGIN_ALLOW_THREADS
+    n = nf_outer_cb(seconds);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(n);
+}
+
+KEEP unsigned long nf_th_outer(void)
+{
+    unsigned long n = nf_middle(3600.0);
+    AFTER_CALL();
+    return n;
+}
+
+static volatile long thread_tid;
+
+static void *nf_thread(void *arg)
+{
+    (void)arg;
+    thread_tid = syscall(SYS_gettid);
+    nf_th_outer();
+    return NULL;
+}
+
+static PyObject *py_start_thread(PyObject *self, PyObject *noargs)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, nf_thread, NULL) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    while (!thread_tid)
+        usleep(1000);
+    return PyLong_FromLong(thread_tid);
+}
+
+static PyMethodDef methods[] = {
+    {"spin", py_spin, METH_VARARGS, "nf_outer -> nf_middle -> nocfi_spin for `seconds`"},
+    {"call", py_call, METH_VARARGS, "nf_outer_cb -> nf_middle_cb -> nocfi_call -> nf_callback"},
+    {"start_thread", py_start_thread, METH_NOARGS, "a pthread in nocfi_spin; returns its tid"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nocfi", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_nocfi(void) { return PyModule_Create(&module); }

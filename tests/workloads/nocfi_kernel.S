@@ -1,0 +1,61 @@
+/* Kernels in assembly without any CFI (no .cfi_* directive, so no FDE in
+ * .eh_frame), the way hand-written BLAS kernels ship: callee-saved pushes,
+ * a frame below them, a loop, the frame given back.  For the unwinder's
+ * no-CFI tests (tests/workloads/nocfi.c, tests/test_nocfi_bpf.py).
+ *
+ *   unsigned long nocfi_spin(unsigned long iters)
+ *       loops iters times.
+ *   unsigned long nocfi_call(unsigned long iters, unsigned long (*fn)(void))
+ *       loops iters times, calling fn() every 4096 iterations.
+ */
+        .text
+        .globl  nocfi_spin
+        .type   nocfi_spin, @function
+        .p2align 4
+nocfi_spin:
+        pushq   %rbx
+        pushq   %r12
+        pushq   %r13
+        subq    $40, %rsp
+        movq    %rdi, %rbx
+        movq    $1, %rax
+        movq    $6364136223846793005, %r12
+1:      imulq   %r12, %rax
+        addq    %rbx, %rax
+        movq    %rax, 8(%rsp)
+        decq    %rbx
+        jnz     1b
+        addq    $40, %rsp
+        popq    %r13
+        popq    %r12
+        popq    %rbx
+        ret
+        .size   nocfi_spin, .-nocfi_spin
+
+        .globl  nocfi_call
+        .type   nocfi_call, @function
+        .p2align 4
+nocfi_call:
+        pushq   %rbp
+        pushq   %rbx
+        pushq   %r12
+        subq    $32, %rsp
+        movq    %rdi, %rbx
+        movq    %rsi, %rbp
+        xorl    %r12d, %r12d
+1:      incq    %r12
+        testq   $4095, %r12
+        jnz     2f
+        call    *%rbp
+2:      movq    %r12, 16(%rsp)
+        decq    %rbx
+        jnz     1b
+        movq    %r12, %rax
+        addq    $32, %rsp
+        popq    %r12
+        popq    %rbx
+        popq    %rbp
+        ret
+        .size   nocfi_call, .-nocfi_call
+
+        .section .note.GNU-stack,"",@progbits
