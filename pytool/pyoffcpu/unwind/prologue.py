@@ -22,7 +22,9 @@ an unconditional jump (what follows may be reached at another depth;
 conditional jumps inside the function keep the depth).  From that instruction to the
 function's end there is no row: the walk stops there, it never guesses.
 The rows are marked UR_DERIVED, so the unwinder can count the frames that
-needed them.
+needed them.  Decoding is capstone's text-only mode (ten times faster than
+its detail mode); what an instruction writes is read from its text, and a
+doubt stops the rule.
 """
 from __future__ import annotations
 
@@ -44,77 +46,101 @@ def _capstone():
         import capstone
     except ImportError:
         return None
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    md.detail = True
-    return md
+    return capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)    # lite decoding: text only
 
 
 def available() -> bool:
     return _capstone() is not None
 
 
+# Instructions that move rsp without naming it as their destination (a call
+# gives back what it takes: it keeps the caller's depth).
+IMPLICIT_RSP = frozenset({"push", "pushfq", "pushf", "pop", "popfq", "popf", "leave", "enter",
+                          "ret", "retf", "iretq", "iret", "iretd"})
+EXCHANGES = ("xchg", "xadd", "cmpxchg")
+RSP_NAMES = frozenset({"rsp", "esp", "sp", "spl"})
+RBP_NAMES = frozenset({"rbp", "ebp", "bp", "bpl"})
+ENDS = frozenset({"ret", "retf", "leave", "iretq", "iret", "iretd", "jmp", "ljmp", "ud2", "hlt"})
+GPRS = frozenset("rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15".split())
+
+
+def _int(text: str) -> Optional[int]:
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
+
+
+def _writes(m: str, ops: str, names: frozenset) -> bool:
+    """Might this instruction write one of the registers `names`?  Read
+    from capstone's text (Intel syntax: the destination first); in doubt,
+    yes (a rule that stops early loses a frame, never adds one)."""
+    first = ops.split(",", 1)[0].strip()
+    if first in names:
+        return True
+    if m.startswith(EXCHANGES):
+        return any(tok.strip(" []") in names for tok in ops.replace(",", " ").split())
+    return False
+
+
 def function_rows(code: bytes, start: int, md=None) -> List[Row]:
     """The rows of one function (its bytes at `start`), ending with an
     invalid row where its rule stops holding; [] when nothing can be said."""
-    import capstone.x86 as X
     md = md or _capstone()
     if md is None:
         return []
-    RSP, RBP = X.X86_REG_RSP, X.X86_REG_RBP
     rows: List[Row] = [(start, (UR_RSP | UR_DERIVED, 8, 0))]
     cfa, rbp_at, framed = 8, 0, False
-    insns = md.disasm(code, start)
+    in_prologue = True
     n = 0
-    body_from = None
     decoded_to = start
-    for ins in insns:
+    end = start + len(code)
+    for addr, size, m, ops in md.disasm_lite(code, start):
         n += 1
-        decoded_to = ins.address + ins.size
-        m = ins.mnemonic
-        ops = ins.operands
-        nxt = ins.address + ins.size
-        if n <= PROLOGUE_MAX and body_from is None:
+        decoded_to = addr + size
+        nxt = addr + size
+        if in_prologue and n <= PROLOGUE_MAX:
             if m in ("endbr64", "nop"):
                 continue
-            if m == "push" and len(ops) == 1 and ops[0].type == X.X86_OP_REG and not framed:
+            if m == "push" and ops in GPRS and not framed:
                 cfa += 8
-                if ops[0].reg == RBP and rbp_at == 0:
+                if ops == "rbp" and rbp_at == 0:
                     rbp_at = -cfa
                 rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
                 continue
-            if (m == "sub" and len(ops) == 2 and ops[0].type == X.X86_OP_REG and ops[0].reg == RSP
-                    and ops[1].type == X.X86_OP_IMM and not framed):
-                cfa += ops[1].imm
-                rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
-                continue
-            if (m == "lea" and len(ops) == 2 and ops[0].type == X.X86_OP_REG and ops[0].reg == RSP
-                    and ops[1].type == X.X86_OP_MEM and ops[1].mem.base == RSP
-                    and ops[1].mem.index == 0 and not framed):
-                cfa -= ops[1].mem.disp
-                rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
-                continue
-            if (m == "mov" and len(ops) == 2 and ops[0].type == X.X86_OP_REG and ops[0].reg == RBP
-                    and ops[1].type == X.X86_OP_REG and ops[1].reg == RSP and rbp_at == -cfa):
-                # rbp = the address of the saved rbp: CFA = rbp + cfa
-                framed = True
+            if m == "sub" and ops.startswith("rsp, ") and not framed:
+                imm = _int(ops[5:].strip())
+                if imm is not None:
+                    cfa += imm
+                    rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
+                    continue
+            if m == "lea" and ops.startswith("rsp, [rsp") and not framed:
+                rest = ops[len("rsp, [rsp"):].strip()
+                disp = 0 if rest == "]" else _int(rest[:-1].replace(" ", "")) if rest.endswith("]") else None
+                if disp is not None:
+                    cfa -= disp
+                    rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
+                    continue
+            if m == "mov" and ops == "rbp, rsp" and rbp_at == -cfa:
+                framed = True           # rbp = the address of the saved rbp: CFA = rbp + cfa
                 rows.append((nxt, (UR_RBP | UR_DERIVED, cfa, rbp_at // 8)))
                 continue
-            body_from = ins.address
-        if body_from is None:
-            body_from = ins.address
+            in_prologue = False
+        in_prologue = False
         if cfa < 8 or cfa >= 32768:
-            return []                       # not a frame this table can say
-        # the body: the rule holds until an instruction breaks it
-        _, written = ins.regs_access()
+            return []                   # not a frame this table can say
         if m.startswith("call"):
-            continue                        # gives back what it takes
+            continue                    # gives back what it takes
         # an unconditional jump ends the straight line from the prologue: what
         # follows it may be reached with another stack depth; a jump out of
         # the function is a tail call (its frame is gone)
-        ends = (m in ("ret", "leave", "iretq", "jmp", "ljmp")
-                or m.startswith("j") and _leaves(ins, start, len(code)))
-        if ends or (RBP in written if framed else RSP in written):
-            return _stop(rows, ins.address)
+        if m in ENDS or m.startswith("j") and not _inside(ops, start, end):
+            return _stop(rows, addr)
+        if framed:
+            if m == "pop" and ops in RBP_NAMES or _writes(m, ops, RBP_NAMES):
+                return _stop(rows, addr)
+        elif m in IMPLICIT_RSP or _writes(m, ops, RSP_NAMES):
+            return _stop(rows, addr)
     # the end, or the first bytes capstone could not decode: nothing after
     return _stop(rows, decoded_to)
 
@@ -127,13 +153,10 @@ def _stop(rows: List[Row], at: int) -> List[Row]:
     return rows
 
 
-def _leaves(ins, start: int, size: int) -> bool:
-    """A jump out of the function (a tail call) or through a register."""
-    import capstone.x86 as X
-    ops = ins.operands
-    if len(ops) != 1 or ops[0].type != X.X86_OP_IMM:
-        return True
-    return not start <= ops[0].imm < start + size
+def _inside(ops: str, start: int, end: int) -> bool:
+    """A direct jump to an address inside the function."""
+    target = _int(ops.strip())
+    return target is not None and start <= target < end
 
 
 def uncovered_functions(symbols: Iterable[Tuple[int, int]], covered: Sequence[Tuple[int, int]]
