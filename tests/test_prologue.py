@@ -33,6 +33,17 @@ def test_a_frame_pointer_carries_through_realignment_until_leave():
                           (4, (T.UR_RBP, 16, -2), True), (14, (T.UR_INVALID, 0, 0), True)]
 
 
+def test_registers_kept_with_mov_in_the_frame_and_rbp_taken_by_the_body():
+    # sub $0x60,%rsp; mov %rbx,(%rsp); mov %rbp,8(%rsp); mov %rdi,%rbp; nop; add $0x60,%rsp
+    code = bytes.fromhex("4883ec60 48891c24 48896c2408 4889fd 90 4883c460 c3")
+    assert rows(code) == [(0, (T.UR_RSP, 8, 0), True), (4, (T.UR_RSP, 104, 0), True),
+                          (13, (T.UR_RSP, 104, -12), True), (17, (T.UR_INVALID, 0, 0), True)]
+    # push %rbx; mov %rdi,%rbp (the caller's rbp kept nowhere); nop; pop %rbx
+    code = bytes.fromhex("53 4889fd 90 5b c3")
+    assert rows(code) == [(0, (T.UR_RSP, 8, 0), True), (1, (T.UR_RSP, 16, T.RBP_LOST), True),
+                          (5, (T.UR_INVALID, 0, 0), True)]
+
+
 @pytest.mark.parametrize("name,code,stop", [
     ("an unconditional jump", "53 eb00 90 5b c3", 1),           # push rbx; jmp .+2: what follows may differ
     ("a jump out (tail call)", "53 e9 00100000", 1),            # push rbx; jmp far away

@@ -6,6 +6,9 @@
  *   spin(seconds)      nf_outer -> nf_middle -> nocfi_spin (the kernel's own loop)
  *   call(seconds)      nf_outer_cb -> nf_middle_cb -> nocfi_call -> nf_callback (C)
  *   start_thread()     a pthread (no Python state): nf_thread -> nf_th_outer -> nocfi_spin
+ *   rbp(seconds)       nf_fp_outer -> nf_fp_middle (both with frame pointers: their CFA
+ *                      is rbp-based) -> nocfi_rbp, which takes rbp: the walk must end
+ *                      at the kernel, never go on from its counter
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,6 +22,8 @@
 
 unsigned long nocfi_spin(unsigned long iters);
 unsigned long nocfi_call(unsigned long iters, unsigned long (*fn)(void));
+unsigned long nocfi_rbp(unsigned long iters);
+#define FRAMED __attribute__((noipa, optimize("no-omit-frame-pointer")))
 
 static volatile unsigned long sink;
 
@@ -72,6 +77,36 @@ KEEP unsigned long nf_outer_cb(double seconds)
     unsigned long n = nf_middle_cb(seconds);
     AFTER_CALL();
     return n + 1;
+}
+
+FRAMED unsigned long nf_fp_middle(double seconds)
+{
+    double end = now_s() + seconds;
+    unsigned long n = 0;
+    do {
+        n += nocfi_rbp(2000000);
+        AFTER_CALL();
+    } while (now_s() < end);
+    return n;
+}
+
+FRAMED unsigned long nf_fp_outer(double seconds)
+{
+    unsigned long n = nf_fp_middle(seconds);
+    AFTER_CALL();
+    return n + 1;
+}
+
+static PyObject *py_rbp(PyObject *self, PyObject *args)
+{
+    double seconds;
+    if (!PyArg_ParseTuple(args, "d", &seconds))
+        return NULL;
+    unsigned long n;
+    Py_BEGIN_ALLOW_THREADS
+    n = nf_fp_outer(seconds);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(n);
 }
 
 static PyObject *py_spin(PyObject *self, PyObject *args)
@@ -129,6 +164,7 @@ static PyMethodDef methods[] = {
     {"spin", py_spin, METH_VARARGS, "nf_outer -> nf_middle -> nocfi_spin for `seconds`"},
     {"call", py_call, METH_VARARGS, "nf_outer_cb -> nf_middle_cb -> nocfi_call -> nf_callback"},
     {"start_thread", py_start_thread, METH_NOARGS, "a pthread in nocfi_spin; returns its tid"},
+    {"rbp", py_rbp, METH_VARARGS, "nf_fp_outer -> nf_fp_middle -> nocfi_rbp (takes rbp)"},
     {NULL, NULL, 0, NULL},
 };
 

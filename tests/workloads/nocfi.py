@@ -6,6 +6,8 @@ The main thread alternates, 100 ms each, between
   spin_case():  nocfi.spin()  -> nf_outer -> nf_middle -> nocfi_spin (asm, no CFI)
   call_case():  nocfi.call()  -> nf_outer_cb -> nf_middle_cb -> nocfi_call (asm, no CFI)
                 -> nf_callback (C)
+  rbp_case():   nocfi.rbp()   -> nf_fp_outer -> nf_fp_middle (frame pointers) -> nocfi_rbp
+                (asm, no CFI, takes rbp)
 and a pthread (no Python state) runs nf_thread -> nf_th_outer -> nf_middle ->
 nocfi_spin.  Prints "cthread TID", then "ready".
 """
@@ -31,6 +33,10 @@ def call_case(m):
     m.call(0.100)
 
 
+def rbp_case(m):
+    m.rbp(0.100)
+
+
 def main():
     m = load(sys.argv[1])
     end = time.monotonic() + float(sys.argv[2])
@@ -39,6 +45,7 @@ def main():
     while time.monotonic() < end:
         spin_case(m)
         call_case(m)
+        rbp_case(m)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@
  *       loops iters times.
  *   unsigned long nocfi_call(unsigned long iters, unsigned long (*fn)(void))
  *       loops iters times, calling fn() every 4096 iterations.
+ *   unsigned long nocfi_rbp(unsigned long iters)
+ *       takes rbp for a pointer of its own, the caller's rbp kept in r12
+ *       (where no unwinder can know it is): its caller's rbp is lost in its
+ *       body, and rbp points at an older frame (its caller's caller's): a
+ *       walk that believed it would skip a frame.
  */
         .text
         .globl  nocfi_spin
@@ -57,5 +62,24 @@ nocfi_call:
         popq    %rbp
         ret
         .size   nocfi_call, .-nocfi_call
+
+        .globl  nocfi_rbp
+        .type   nocfi_rbp, @function
+        .p2align 4
+nocfi_rbp:
+        pushq   %r12
+        subq    $16, %rsp
+        movq    %rbp, %r12
+        movq    (%rbp), %rbp            /* its caller's saved rbp: an older, real frame, as a
+                                           pointer to a caller's stack buffer would be */
+1:      movq    %rdi, 8(%rsp)
+        movq    (%rbp), %rax
+        decq    %rdi
+        jnz     1b
+        movq    %r12, %rbp
+        addq    $16, %rsp
+        popq    %r12
+        ret
+        .size   nocfi_rbp, .-nocfi_rbp
 
         .section .note.GNU-stack,"",@progbits

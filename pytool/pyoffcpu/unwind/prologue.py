@@ -9,6 +9,8 @@ prologue followed:
 - `push REG`, `sub $N, %rsp`, `lea -N(%rsp), %rsp` move the CFA (rsp + 8 at
   entry) by what they take from the stack; `push %rbp` records where the
   caller's rbp is;
+- `mov REG, X(%rsp)` keeps a callee-saved register in the frame (for rbp:
+  where the caller's rbp is);
 - `mov %rsp, %rbp` after `push %rbp` sets a frame pointer: from there on
   the rows are rbp-based (CFA = rbp + 16), which survive a stack realignment
   (`and $-32, %rsp`) and pushes in the body;
@@ -19,7 +21,9 @@ prologue, up to the first instruction that breaks it: one that writes rsp
 (a push, pop, add, sub, and, leave, ret...; a call gives back what it
 takes) for an rsp-based rule, one that writes rbp for an rbp-based one, or
 an unconditional jump (what follows may be reached at another depth;
-conditional jumps inside the function keep the depth).  From that instruction to the
+conditional jumps inside the function keep the depth).  A body that writes
+rbp when the caller's rbp was kept nowhere makes it unknown from there on
+(RBP_LOST): a caller whose CFA is rbp-based then ends the walk.  From that instruction to the
 function's end there is no row: the walk stops there, it never guesses.
 The rows are marked UR_DERIVED, so the unwinder can count the frames that
 needed them.  Decoding is capstone's text-only mode (ten times faster than
@@ -34,6 +38,7 @@ from .. import bpfdefs
 
 UR_DERIVED = bpfdefs.value("UR_DERIVED")
 UR_RSP, UR_RBP, UR_INVALID = (bpfdefs.value(n) for n in ("UR_RSP", "UR_RBP", "UR_INVALID"))
+RBP_LOST = bpfdefs.value("RBP_LOST")
 MAX_FUNCTION_BYTES = 1 << 20        # longer "functions" are not decoded (a symbol's size gone wrong)
 PROLOGUE_MAX = 24                   # instructions looked at for a prologue
 
@@ -125,6 +130,14 @@ def function_rows(code: bytes, start: int, md=None) -> List[Row]:
                 framed = True           # rbp = the address of the saved rbp: CFA = rbp + cfa
                 rows.append((nxt, (UR_RBP | UR_DERIVED, cfa, rbp_at // 8)))
                 continue
+            store = _frame_store(m, ops, cfa)
+            if store is not None and not framed:
+                # `mov qword ptr [rsp + X], REG`: a callee-saved register kept
+                # in the frame (as hand-written kernels do instead of pushes)
+                if store[0] == "rbp" and rbp_at == 0:
+                    rbp_at = store[1] - cfa
+                    rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
+                continue
             in_prologue = False
         in_prologue = False
         if cfa < 8 or cfa >= 32768:
@@ -139,10 +152,33 @@ def function_rows(code: bytes, start: int, md=None) -> List[Row]:
         if framed:
             if m == "pop" and ops in RBP_NAMES or _writes(m, ops, RBP_NAMES):
                 return _stop(rows, addr)
-        elif m in IMPLICIT_RSP or _writes(m, ops, RSP_NAMES):
+            continue
+        if m in IMPLICIT_RSP or _writes(m, ops, RSP_NAMES):
             return _stop(rows, addr)
+        if rbp_at == 0 and rows[-1][1][2] != RBP_LOST and _writes(m, ops, RBP_NAMES):
+            # the body takes rbp for itself and the caller's was kept nowhere:
+            # from here on the caller's rbp is not known (a caller whose CFA is
+            # rbp-based then ends the walk, instead of being walked from garbage)
+            kind, off, _ = rows[-1][1]
+            if rows[-1][0] == addr:
+                rows.pop()              # a rule that would start here covers nothing
+            rows.append((addr, (kind, off, RBP_LOST)))
     # the end, or the first bytes capstone could not decode: nothing after
     return _stop(rows, decoded_to)
+
+
+def _frame_store(m: str, ops: str, cfa: int) -> Optional[Tuple[str, int]]:
+    """(REG, X) for `mov qword ptr [rsp + X], REG` inside the frame."""
+    if m != "mov" or not ops.startswith("qword ptr [rsp"):
+        return None
+    where, _, reg = ops.partition("], ")
+    if reg not in GPRS:
+        return None
+    rest = where[len("qword ptr [rsp"):].replace(" ", "")
+    x = 0 if rest == "" else _int(rest) if rest.startswith("+") else None
+    if x is None or x < 0 or x % 8 or x + 8 > cfa - 8:
+        return None                     # not a slot of this frame below the return address
+    return reg, x
 
 
 def _stop(rows: List[Row], at: int) -> List[Row]:

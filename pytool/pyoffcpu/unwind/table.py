@@ -263,7 +263,7 @@ class TableCache:
     Key: the GNU build-id when the file has one, else (path, device, inode,
     size, mtime).  Disk files are written atomically and checked on read."""
 
-    VERSION = 2                         # 2: rows from prologue analysis (prologue.py)
+    VERSION = 3                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST
     MAX_FILES = 2048                    # past this, the least recently used half goes
 
     def __init__(self, directory: Optional[str] = "default"):
