@@ -510,11 +510,8 @@ def top(pids, all_, mode, frequency, once):
 
 
 def _read_comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
+    from .procfs import read_text
+    return (read_text(f"/proc/{pid}/comm") or "?").strip()
 
 
 DIFF_EPILOG = """\b

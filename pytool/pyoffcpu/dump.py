@@ -25,6 +25,8 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+from .procfs import proc_state, read_text, stat_fields
+
 SYS_FUTEX = 202
 STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible (disk)", "T": "stopped",
           "t": "traced", "Z": "zombie", "X": "dead", "I": "idle"}
@@ -62,25 +64,14 @@ class ProcessDump:
         return asdict(self)
 
 
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
 def _stat_state(pid: int, tid: int) -> str:
-    text = _read(f"/proc/{pid}/task/{tid}/stat") or ""
-    after = text.rpartition(")")[2].split()
-    return after[0] if after else "?"
+    return proc_state(f"/proc/{pid}/task/{tid}/stat") or "?"
 
 
 def _last_cpu(pid: int, tid: int) -> Optional[int]:
-    text = _read(f"/proc/{pid}/task/{tid}/stat") or ""
-    after = text.rpartition(")")[2].split()
+    fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
     try:
-        return int(after[36])               # field 39, `processor`: the CPU it last ran on
+        return int(fields[36])              # field 39, `processor`: the CPU it last ran on
     except (IndexError, ValueError):
         return None
 
@@ -117,7 +108,7 @@ class CpuClocks:
 
 
 def _exec_start_ms(path: str) -> Optional[float]:
-    for line in (_read(path) or "").splitlines():
+    for line in (read_text(path) or "").splitlines():
         if line.startswith("se.exec_start"):
             try:
                 return float(line.split(":")[1])
@@ -129,7 +120,7 @@ def _exec_start_ms(path: str) -> Optional[float]:
 def kernel_stack(pid: int, tid: int) -> List[str]:
     """`futex_wait_queue` ... innermost first (root only)."""
     out = []
-    for line in (_read(f"/proc/{pid}/task/{tid}/stack") or "").splitlines():
+    for line in (read_text(f"/proc/{pid}/task/{tid}/stack") or "").splitlines():
         name = line.split("] ", 1)[-1].split("+", 1)[0].strip()
         if name:
             out.append(name)
@@ -139,7 +130,7 @@ def kernel_stack(pid: int, tid: int) -> List[str]:
 def blocked_syscall(pid: int, tid: int) -> Optional[List[int]]:
     """[nr, arg0..arg5] of the system call the thread is blocked in; None
     when it is running or in none."""
-    parts = (_read(f"/proc/{pid}/task/{tid}/syscall") or "").split()
+    parts = (read_text(f"/proc/{pid}/task/{tid}/syscall") or "").split()
     if len(parts) < 7 or parts[0] in ("running", "-1"):
         return None
     try:
@@ -189,7 +180,7 @@ def dump_process(pid: int, native: bool = False) -> ProcessDump:
     from .memory import MemoryError_, ProcessMemory
     if not os.path.isdir(f"/proc/{pid}"):
         raise FileNotFoundError(f"no such process: {pid}")
-    name = (_read(f"/proc/{pid}/comm") or "?").strip()
+    name = (read_text(f"/proc/{pid}/comm") or "?").strip()
     out = ProcessDump(pid, name)
     tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
     clocks = CpuClocks()
@@ -262,7 +253,7 @@ def _merger(pid: int, pp, mem, native: bool):
     if pp is not None:
         rec.pythons[pid] = pp
     if native:
-        maps = symbols.parse_maps(_read(f"/proc/{pid}/maps") or "")
+        maps = symbols.parse_maps(read_text(f"/proc/{pid}/maps") or "")
         space = rec.spaces[pid] = symbols.AddressSpace(pid)
         space.add_snapshot(maps)
     merger = Merger(rec, symbols.Symbolizer())
@@ -272,7 +263,7 @@ def _merger(pid: int, pp, mem, native: bool):
         from .unwind.loader import NativeUnwinder
         try:
             merger.unwinder = NativeUnwinder(None, tables=True)
-            merger.unwinder.update(pid, symbols.parse_maps(_read(f"/proc/{pid}/maps") or ""))
+            merger.unwinder.update(pid, symbols.parse_maps(read_text(f"/proc/{pid}/maps") or ""))
         except Exception:                               # noqa: BLE001 - no tables: no native frames
             merger.unwinder = None
     return merger, rec
@@ -283,14 +274,14 @@ def _thread(pid, tid, mem, clocks, stacks, states, tids, merger, rec, native, ho
     from .bpfdefs import PYS_TRUNCATED
     from .session import NATIVE_ID_BASE, PyStack
     letter = _stat_state(pid, tid)
-    t = ThreadDump(tid, (_read(f"/proc/{pid}/task/{tid}/comm") or "?").strip(), letter,
+    t = ThreadDump(tid, (read_text(f"/proc/{pid}/task/{tid}/comm") or "?").strip(), letter,
                    STATES.get(letter, letter))
     then = _exec_start_ms(f"/proc/{pid}/task/{tid}/sched")
     cpu = _last_cpu(pid, tid)
     now_ms = clocks.at(cpu) if cpu is not None and letter != "R" else None
     if now_ms is not None and then is not None and now_ms >= then - 100.0:
         t.idle_s = max(0.0, now_ms - then) / 1000.0   # it ran after the clock was read: just now
-    wchan = (_read(f"/proc/{pid}/task/{tid}/wchan") or "").strip()
+    wchan = (read_text(f"/proc/{pid}/task/{tid}/wchan") or "").strip()
     t.wchan = "" if wchan == "0" else wchan
     t.kernel = kernel_stack(pid, tid)
     sc = blocked_syscall(pid, tid)
@@ -325,9 +316,8 @@ def children(pid: int) -> List[int]:
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
-        stat = _read(f"/proc/{d}/stat") or ""
-        after = stat.rpartition(")")[2].split()
-        if len(after) >= 2:
+        after = stat_fields(f"/proc/{d}/stat")
+        if len(after) >= 2 and after[1].isdigit():
             kids.setdefault(int(after[1]), []).append(int(d))
     out, todo = [], sorted(kids.get(pid, []))
     while todo:

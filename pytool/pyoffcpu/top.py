@@ -96,11 +96,8 @@ class Live:
 
 
 def _state(pid: int, tid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return "-"
+    from .procfs import proc_state
+    return proc_state(f"/proc/{pid}/task/{tid}/stat") or "-"
 
 
 def render(w: Window, rec, title: str, view: str, sort: str, width: int = 120,
