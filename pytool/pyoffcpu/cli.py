@@ -482,7 +482,8 @@ def top(pids, all_, mode, frequency, once):
     if all_:
         title = "pyoffcpu top: every process"
     else:
-        names = ", ".join(f"{p} {(_read_comm(p))}" for p in pids)
+        from .procfs import comm
+        names = ", ".join(f"{p} {comm(p)}" for p in pids)
         title = f"pyoffcpu top: pid {names}"
 
     def on_signal(signum, frame):
@@ -507,11 +508,6 @@ def top(pids, all_, mode, frequency, once):
     if why not in ("quit", "SIGINT", "SIGTERM"):
         click.echo("\n".join(screen))
         click.echo(f"pyoffcpu top: {why}", err=True)
-
-
-def _read_comm(pid: int) -> str:
-    from .procfs import read_text
-    return (read_text(f"/proc/{pid}/comm") or "?").strip()
 
 
 DIFF_EPILOG = """\b

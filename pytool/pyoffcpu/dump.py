@@ -25,7 +25,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-from .procfs import proc_state, read_text, stat_fields
+from .procfs import blocked_syscall, children_by_parent, comm, proc_state, read_text, stat_fields
 
 SYS_FUTEX = 202
 STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible (disk)", "T": "stopped",
@@ -127,26 +127,6 @@ def kernel_stack(pid: int, tid: int) -> List[str]:
     return out
 
 
-def blocked_syscall(pid: int, tid: int) -> Optional[List[int]]:
-    """[nr, arg0..arg5] of the system call the thread is blocked in; None
-    when it is running or in none."""
-    parts = (read_text(f"/proc/{pid}/task/{tid}/syscall") or "").split()
-    if len(parts) < 7 or parts[0] in ("running", "-1"):
-        return None
-    try:
-        return [int(parts[0])] + [int(p, 16) for p in parts[1:7]]
-    except ValueError:
-        return None
-
-
-def _syscall_name(nr: int) -> str:
-    from . import reasons
-    for table in (reasons.SYS_SLEEP, reasons.SYS_LOCK, reasons.SYS_POLL, reasons.SYS_IO):
-        if nr in table:
-            return table[nr]
-    return f"syscall {nr}"
-
-
 def futex_owner(mem, pid: int, addr: int, tids: List[int], gil: int = 0,
                 gil_holder: Optional[int] = None) -> dict:
     """What a futex at `addr` says of its owner: the GIL's holder when it
@@ -160,7 +140,8 @@ def futex_owner(mem, pid: int, addr: int, tids: List[int], gil: int = 0,
         out["why"] = "the GIL"
         return out
     try:
-        word, _count, owner = struct.unpack("<iIi", mem.read(addr, 12))
+        word = struct.unpack("<i", mem.read(addr, 4))[0]
+        owner = struct.unpack("<i", mem.read(addr + MUTEX_OWNER_OFF, 4))[0]
     except Exception:                   # noqa: BLE001 - unreadable: nothing known
         out["why"] = "the lock word cannot be read"
         return out
@@ -175,13 +156,11 @@ def futex_owner(mem, pid: int, addr: int, tids: List[int], gil: int = 0,
 
 def dump_process(pid: int, native: bool = False) -> ProcessDump:
     """Everything above for one process (raises OSError when it is gone)."""
-    from . import symbols
     from .cpython import detect, walker
     from .memory import MemoryError_, ProcessMemory
     if not os.path.isdir(f"/proc/{pid}"):
         raise FileNotFoundError(f"no such process: {pid}")
-    name = (read_text(f"/proc/{pid}/comm") or "?").strip()
-    out = ProcessDump(pid, name)
+    out = ProcessDump(pid, comm(pid))
     tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
     clocks = CpuClocks()
     pp = None
@@ -192,24 +171,20 @@ def dump_process(pid: int, native: bool = False) -> ProcessDump:
         out.notes.append(f"not a CPython process ({e}): no Python frames")
     mem = ProcessMemory(pid)
     try:
-        states: Dict[int, int] = {}
-        stacks: Dict[int, tuple] = {}
-        gil_addr = 0
+        m = _moment(pid, pp, mem, native, tids, clocks)
         if pp is not None:
             try:
-                states = walker.thread_states(mem, pp)
+                m.states = walker.thread_states(mem, pp)
             except MemoryError_ as e:
                 out.notes.append(f"its thread states cannot be read: {e}")
-            for tid, ts in states.items():
+            for tid, ts in m.states.items():
                 try:
-                    stacks[tid] = walker.walk_frames(mem, pp, ts)
+                    m.stacks[tid] = walker.walk_frames(mem, pp, ts)
                 except MemoryError_:
                     pass
-            gil_addr = _gil(out, mem, pp, states)
-        merger, rec = _merger(pid, pp, mem, native)
-        for tid in tids:
-            out.threads.append(_thread(pid, tid, mem, clocks, stacks, states, tids, merger, rec,
-                                       native, out.gil_holder, gil_addr))
+            m.gil_addr = _gil(out, mem, pp, m.states)
+            m.holder = out.gil_holder
+        out.threads = [_thread(m, tid) for tid in tids]
     finally:
         mem.close()
         clocks.close()
@@ -224,14 +199,13 @@ def _gil(out: ProcessDump, mem, pp, states: Dict[int, int]) -> int:
         out.gil = why or "no GIL state"
         return 0
     try:
-        gil = lay.addr
-        if not gil:
-            interp = mem.u64(pp.runtime + pp.offsets["runtime_interpreters_head"])
-            gil = mem.u64(interp + lay.interp_ceval_gil)
-        last, locked = struct.unpack("<QI", mem.read(gil + lay.holder, 12))
+        got = detect.read_gil(pp, lay, mem)
     except Exception:                                   # noqa: BLE001
+        got = None
+    if got is None:
         out.gil = "its GIL cannot be read"
         return 0
+    gil, last, locked = got
     by_ts = {ts: tid for tid, ts in states.items()}
     if not locked:
         out.gil = "nobody holds the GIL"
@@ -243,8 +217,25 @@ def _gil(out: ProcessDump, mem, pp, states: Dict[int, int]) -> int:
     return gil
 
 
-def _merger(pid: int, pp, mem, native: bool):
-    """A Merger over a Recording of this one moment (record's labels)."""
+@dataclass
+class _Moment:
+    """What the threads of one dump share: the process's memory, the GIL,
+    and a Merger over a Recording of this one moment (record's labels)."""
+    pid: int
+    mem: object
+    clocks: CpuClocks
+    tids: List[int]
+    merger: object
+    rec: object
+    reader: object = None               # CodeReader (None: not Python)
+    unwinder: object = None             # NativeUnwinder with user-space tables (--native)
+    stacks: Dict[int, tuple] = field(default_factory=dict)     # tid -> (Python frames, truncated)
+    states: Dict[int, int] = field(default_factory=dict)       # tid -> PyThreadState
+    holder: Optional[int] = None
+    gil_addr: int = 0
+
+
+def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: CpuClocks) -> _Moment:
     from . import symbols
     from .cpython.code import CodeReader
     from .merge import Merger
@@ -252,73 +243,66 @@ def _merger(pid: int, pp, mem, native: bool):
     rec = Recording(Options())
     if pp is not None:
         rec.pythons[pid] = pp
+    m = _Moment(pid, mem, clocks, tids, Merger(rec, symbols.Symbolizer()), rec)
+    if pp is not None:
+        m.reader = CodeReader(mem, pp.minor, pp.offsets, pp.code_type)
     if native:
         maps = symbols.parse_maps(read_text(f"/proc/{pid}/maps") or "")
-        space = rec.spaces[pid] = symbols.AddressSpace(pid)
-        space.add_snapshot(maps)
-    merger = Merger(rec, symbols.Symbolizer())
-    merger.reader = CodeReader(mem, pp.minor, pp.offsets, pp.code_type) if pp is not None else None
-    merger.unwinder = None
-    if native:
+        rec.spaces[pid] = symbols.AddressSpace(pid)
+        rec.spaces[pid].add_snapshot(maps)
         from .unwind.loader import NativeUnwinder
         try:
-            merger.unwinder = NativeUnwinder(None, tables=True)
-            merger.unwinder.update(pid, symbols.parse_maps(read_text(f"/proc/{pid}/maps") or ""))
+            m.unwinder = NativeUnwinder(None, tables=True)
+            m.unwinder.update(pid, maps)
         except Exception:                               # noqa: BLE001 - no tables: no native frames
-            merger.unwinder = None
-    return merger, rec
+            m.unwinder = None
+    return m
 
 
-def _thread(pid, tid, mem, clocks, stacks, states, tids, merger, rec, native, holder,
-            gil_addr) -> ThreadDump:
+def _thread(m: _Moment, tid: int) -> ThreadDump:
     from .bpfdefs import PYS_TRUNCATED
+    from .reasons import syscall_name
     from .session import NATIVE_ID_BASE, PyStack
+    pid = m.pid
     letter = _stat_state(pid, tid)
-    t = ThreadDump(tid, (read_text(f"/proc/{pid}/task/{tid}/comm") or "?").strip(), letter,
-                   STATES.get(letter, letter))
+    t = ThreadDump(tid, comm(pid, tid), letter, STATES.get(letter, letter))
     then = _exec_start_ms(f"/proc/{pid}/task/{tid}/sched")
     cpu = _last_cpu(pid, tid)
-    now_ms = clocks.at(cpu) if cpu is not None and letter != "R" else None
+    now_ms = m.clocks.at(cpu) if cpu is not None and letter != "R" else None
     if now_ms is not None and then is not None and now_ms >= then - 100.0:
         t.idle_s = max(0.0, now_ms - then) / 1000.0   # it ran after the clock was read: just now
     wchan = (read_text(f"/proc/{pid}/task/{tid}/wchan") or "").strip()
     t.wchan = "" if wchan == "0" else wchan
     t.kernel = kernel_stack(pid, tid)
     sc = blocked_syscall(pid, tid)
-    if sc is not None:
-        t.syscall = _syscall_name(sc[0])
-        if sc[0] == SYS_FUTEX:
-            t.lock = futex_owner(mem, pid, sc[1], tids, gil_addr, holder)
-    t.python = tid in states
-    if holder is not None or states:
-        t.holds_gil = tid == holder if t.python else None
+    if sc is not None and sc.nr >= 0 and len(sc.args) == 6:
+        t.syscall = syscall_name(sc.nr)
+        if sc.nr == SYS_FUTEX:
+            t.lock = futex_owner(m.mem, pid, sc.args[0], m.tids, m.gil_addr, m.holder)
+    t.python = tid in m.states
+    if m.holder is not None or m.states:
+        t.holds_gil = tid == m.holder if t.python else None
     h = 0
-    if tid in stacks:
-        frames, truncated = stacks[tid]
-        infos = [merger.reader.code(c) for c, _, _ in frames]
-        h = len(rec.pystacks) + 1
-        rec.pystacks[h] = PyStack(pid, PYS_TRUNCATED if truncated else 0, frames, infos)
+    if tid in m.stacks:
+        frames, truncated = m.stacks[tid]
+        infos = [m.reader.code(c) for c, _, _ in frames]
+        h = len(m.rec.pystacks) + 1
+        m.rec.pystacks[h] = PyStack(pid, PYS_TRUNCATED if truncated else 0, frames, infos)
     us = -1
-    if native and merger.unwinder is not None:
-        got = merger.unwinder.walk_blocked(pid, tid)
+    if m.unwinder is not None:
+        got = m.unwinder.walk_blocked(pid, tid)
         if got is not None:
             us = NATIVE_ID_BASE + tid
-            rec.ustacks[us], rec.native_flags[us] = got
+            m.rec.ustacks[us], m.rec.native_flags[us] = got
     if h or us >= 0:
-        labels = [f.label(False, merger._short) for f in merger.frames_for(pid, us, -1, h, 0)]
+        labels = [f.label(False, m.merger._short) for f in m.merger.frames_for(pid, us, -1, h, 0)]
         t.frames = labels[::-1]
     return t
 
 
 def children(pid: int) -> List[int]:
     """The processes under pid, depth first (--subprocesses)."""
-    kids: Dict[int, List[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        after = stat_fields(f"/proc/{d}/stat")
-        if len(after) >= 2 and after[1].isdigit():
-            kids.setdefault(int(after[1]), []).append(int(d))
+    kids = children_by_parent()
     out, todo = [], sorted(kids.get(pid, []))
     while todo:
         c = todo.pop(0)

@@ -358,27 +358,24 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
         frames = merger.frames_for(tgid, us, ks, ph, ns)
         tid = shown.get(tid, tid)
         gil = bpfdefs.kind_gil(kind)
-        kind = bpfdefs.without_gil(kind)
-        if kind == bpfdefs.KIND_ONCPU:
-            reason = None
+        reason = reasons.reason_of(kind, frames)
+        if reason is None:
             if reasons.gpu_spin(frames):
                 frames = tuple(frames) + (P.GPU_SPIN,)
             elif gil == bpfdefs.GIL_FREE and _python_leaf(frames):
                 frames = tuple(frames) + (P.GIL_NOT_HELD,)
-            _add_gil(prof, tid, gil, reason, ns)
         else:
-            reason = reasons.classify(*reasons.split_kind(kind), frames)
             off_ns[tid] = off_ns.get(tid, 0) + ns
-            _add_gil(prof, tid, gil, reason, ns)
-            for waker, wcount, wns in wakers_of.get(skey, ()):
-                wns = min(wns, ns)
-                wcount = min(wcount, count)
-                chain = merger.waker_frames(waker, tgid, shown)
-                if not chain:
-                    continue            # not known: stays with the rest
-                prof.add(P.StackKey(tgid, tid, frames, reason, chain), wns, wcount)
-                ns -= wns
-                count -= wcount
+        _add_gil(prof, tid, gil, reason, ns)
+        for waker, wcount, wns in wakers_of.get(skey, ()):     # waits only
+            wns = min(wns, ns)
+            wcount = min(wcount, count)
+            chain = merger.waker_frames(waker, tgid, shown)
+            if not chain:
+                continue                # not known: stays with the rest
+            prof.add(P.StackKey(tgid, tid, frames, reason, chain), wns, wcount)
+            ns -= wns
+            count -= wcount
         prof.add(P.StackKey(tgid, tid, frames, reason), ns, count)
         prof.processes.setdefault(tgid, rec.comms.get(tgid, "?"))
     prof.gil = {tid: g for tid, g in prof.gil.items() if g.read}

@@ -1,7 +1,7 @@
 """What /proc says about a process or thread: small readers that never raise."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 
 def read_text(path: str) -> Optional[str]:
@@ -35,6 +35,53 @@ def proc_state(stat_path: str) -> str:
     """The state letter of a /proc/.../stat file ("" when it is gone)."""
     fields = stat_fields(stat_path)
     return fields[0] if fields else ""
+
+
+def comm(pid: int, tid: Optional[int] = None) -> str:
+    """The process's (or thread's) name, "?" when it is gone."""
+    path = f"/proc/{pid}/comm" if tid is None else f"/proc/{pid}/task/{tid}/comm"
+    return (read_text(path) or "?").strip() or "?"
+
+
+def cmdline(pid: int) -> str:
+    """The command line, its NULs as spaces; "" for a kernel thread or when gone."""
+    return (read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+
+
+class Syscall(NamedTuple):
+    """/proc/PID/task/TID/syscall of a thread that is not running: the call
+    it is blocked in (nr -1: none, a fault or an interrupt), its six
+    arguments (none when nr is -1), and its user sp and pc."""
+    nr: int
+    args: tuple
+    sp: int
+    pc: int
+
+
+def blocked_syscall(pid: int, tid: int) -> Optional[Syscall]:
+    """What the kernel says a thread is blocked in; None when it is running,
+    gone, or the file is not readable."""
+    parts = (read_text(f"/proc/{pid}/task/{tid}/syscall") or "").split()
+    if len(parts) < 3 or parts[0] == "running":
+        return None
+    try:
+        nr = int(parts[0])
+        args = tuple(int(p, 16) for p in parts[1:-2])
+        return Syscall(nr, args, int(parts[-2], 16), int(parts[-1], 16))
+    except ValueError:
+        return None
+
+
+def children_by_parent() -> Dict[int, List[int]]:
+    """Every process's children (PIDs), by parent PID."""
+    import os
+    out: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = stat_fields(f"/proc/{name}/stat")
+            if len(fields) > 1 and fields[1].isdigit():
+                out.setdefault(int(fields[1]), []).append(int(name))
+    return out
 
 
 def process_alive(pid: int) -> bool:

@@ -242,6 +242,14 @@ class Profile:
                 r[key.off_cpu] = r.get(key.off_cpu, 0) + ns
         return acc
 
+    def off_cpu_totals(self) -> Dict[str, int]:
+        """All threads' off-CPU ns by reason."""
+        acc: Dict[str, int] = {}
+        for key, ns in self.weights.items():
+            if key.off_cpu is not None:
+                acc[key.off_cpu] = acc.get(key.off_cpu, 0) + ns
+        return acc
+
     def _keeping(self, keep) -> "Profile":
         out = Profile(self.meta, dict(self.processes), dict(self.threads), dict(self.thread_pid),
                       thread_info=dict(self.thread_info), ns_ids=dict(self.ns_ids))

@@ -35,6 +35,14 @@ SYS_IO = {0: "read", 1: "write", 17: "pread64", 18: "pwrite64", 19: "readv", 20:
           75: "fdatasync", 277: "sync_file_range"}
 SYS_GPU = {16: "ioctl"} | SYS_POLL | {0: "read"}     # under a GPU library's frames
 
+def syscall_name(nr: int) -> str:
+    """The name of a system call the tables above know, else `syscall N`."""
+    for table in (SYS_SLEEP, SYS_LOCK, SYS_POLL, SYS_IO):
+        if nr in table:
+            return table[nr]
+    return f"syscall {nr}"
+
+
 # Native frames that say what a wait is, whatever the system call.
 GIL_FUNCTIONS = frozenset({"take_gil", "drop_gil", "PyEval_RestoreThread", "PyEval_AcquireThread",
                            "PyEval_AcquireLock", "PyGILState_Ensure", "_PyEval_ReInitThreads"})
@@ -110,6 +118,15 @@ def classify(kind: int, sys: Optional[int], frames: Sequence[Frame]) -> str:
         if rule.matches(w):
             return rule.reason
     return "other"
+
+
+def reason_of(kind: int, frames: Sequence[Frame]) -> Optional[str]:
+    """A stack key's kind (GIL bits and all) and frames: None for on-CPU
+    time, else the off-CPU reason."""
+    kind = bpfdefs.without_gil(kind)
+    if kind == bpfdefs.KIND_ONCPU:
+        return None
+    return classify(*split_kind(kind), frames)
 
 
 def split_kind(kind: int):

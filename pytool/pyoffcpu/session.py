@@ -30,7 +30,7 @@ from .cpython import detect, walker
 from .unwind import loader as unwind_loader
 from .cpython.code import CodeInfo
 from .platform import Platform, ProfilerError
-from .procfs import ns_id, proc_state, read_text, rss_kib
+from .procfs import blocked_syscall, ns_id, proc_state, read_text, rss_kib
 from . import reasons
 from .targets import Select, Targets
 
@@ -342,12 +342,9 @@ class Session:
         waker = (w["waker_kind"], w["waker_tgid"], w["waker_tid"], wuid, w["waker_kstack"],
                  w["waker_pystack"], comm.decode("utf-8", "replace"))
         key = (wait, waker)
-        acc = self.rec.wakes.get(key)
-        if acc is None:
-            self.rec.wakes[key] = acc = [0, 0]
+        if key not in self.rec.wakes:
             self._tid_wakes.setdefault(w["tid"], []).append(key)
-        acc[0] += count
-        acc[1] += ns
+        _accumulate(self.rec.wakes, key, count, ns)
 
     def _drain(self, final: bool = False):
         """Move the aggregated times out of the kernel so the maps stay small."""
@@ -379,21 +376,14 @@ class Session:
         self._read_threads(fold_before=None if final else flip_ns)
 
     def _add(self, key, count: int, ns: int):
-        acc = self.rec.stacks.get(key)
-        if acc is None:
-            self.rec.stacks[key] = [count, ns]
-            if key[1] >= 0:
-                self._tid_keys.setdefault(key[1], []).append(key)
-        else:
-            acc[0] += count
-            acc[1] += ns
+        if key not in self.rec.stacks and key[1] >= 0:
+            self._tid_keys.setdefault(key[1], []).append(key)
+        _accumulate(self.rec.stacks, key, count, ns)
 
     def _hold(self, key, count: int, ns: int):
         """A Python stack whose frames did not reach user space (a lost perf
         event): keep its time aside, and let BPF send the stack again."""
-        acc = self._unresolved.setdefault(key, [0, 0])
-        acc[0] += count
-        acc[1] += ns
+        _accumulate(self._unresolved, key, count, ns)
         try:
             del self.bpf["pystack_seen"][self.bpf["pystack_seen"].Key(key[4])]
         except KeyError:
@@ -1093,10 +1083,8 @@ def _state_kind(pid: int, tid: int) -> int:
     """The kind of off-CPU time (bpfdefs.KIND_*) of a thread's state in /proc, with
     the system call it is in (/proc/PID/task/TID/syscall: its number, -1
     for none, `running`), as BPF keeps it (reasons.split_kind)."""
-    sysno = reasons.UNKNOWN
-    first = (read_text(f"/proc/{pid}/task/{tid}/syscall") or "").split(" ", 1)[0]
-    if first.lstrip("-").isdigit():
-        sysno = None if int(first) < 0 else int(first)
+    sc = blocked_syscall(pid, tid)
+    sysno = reasons.UNKNOWN if sc is None else (None if sc.nr < 0 else sc.nr)
     return reasons.with_sys(_proc_state_kind(pid, tid), sysno)
 
 

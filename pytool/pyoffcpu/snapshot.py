@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .platform import ProfilerError
+from .procfs import cmdline, comm, read_text
 
 INDEX = "index.json"
 LOCK = ".lock"
@@ -67,15 +68,6 @@ def _read(path: str) -> Optional[bytes]:
         return None
 
 
-def cmdline(pid: int) -> str:
-    raw = _read(f"/proc/{pid}/cmdline") or b""
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-
-
-def comm(pid: int) -> str:
-    return (_read(f"/proc/{pid}/comm") or b"?").decode("utf-8", "replace").strip()
-
-
 def _pids() -> List[int]:
     return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
 
@@ -95,7 +87,7 @@ def gpu_facts(pid: int) -> Dict[str, object]:
             continue
         if GPU_DEVICE.match(target):
             devices.add(target)
-    maps = (_read(f"/proc/{pid}/maps") or b"").decode("utf-8", "replace")
+    maps = read_text(f"/proc/{pid}/maps") or ""
     libcuda = sorted({ln.split()[-1] for ln in maps.splitlines()
                       if len(ln.split()) >= 6 and GPU_LIBRARY.search(ln.split()[-1])})
     out: Dict[str, object] = {}
@@ -375,10 +367,7 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
             continue
         on = part.total_ns(on_cpu=True)
         off = part.total_ns(on_cpu=False)
-        by_reason: Dict[str, int] = {}
-        for r in part.off_cpu_by_reason().values():
-            for k, v in r.items():
-                by_reason[k] = by_reason.get(k, 0) + v
+        by_reason = part.off_cpu_totals()
         entry = {
             "time": rec.start_time, "host": opts.host, "pid": t.pid, "name": t.name,
             "cmdline": t.cmdline, "python": pythons.get(t.pid, ""), "mode": opts.mode,

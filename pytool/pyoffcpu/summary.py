@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from typing import Dict, List, Optional, Tuple
 
-from .profile import FrameKind, PathShortener, Profile
+from .profile import Frame, FrameKind, PathShortener, Profile
 
 
 def fmt_s(ns: int) -> str:
@@ -97,20 +97,25 @@ def wake_lines(prof: Profile, n: int = 10) -> List[str]:
     return out
 
 
+def where_time_goes(frames) -> Optional[Frame]:
+    """The frame a stack's time is shown under: its innermost Python frame,
+    or the innermost native frame of a stack without Python frames."""
+    where = None
+    for fr in reversed(frames):
+        if fr.kind is FrameKind.PYTHON:
+            return fr
+        if where is None and fr.kind is FrameKind.NATIVE:
+            where = fr
+    return where
+
+
 def top_functions(prof: Profile, n: int = 10) -> List[Tuple[str, int, int]]:
-    """(label, wall ns, on-CPU ns) of the frames the time is spent in: the
-    innermost Python frame of each stack (with its line), or the innermost
-    native frame of a stack without Python frames."""
+    """(label, wall ns, on-CPU ns) of the frames the time is spent in
+    (where_time_goes), the heaviest first."""
     short = PathShortener()
     acc: Dict[str, List[int]] = {}
     for key, ns in prof.weights.items():
-        where = None
-        for fr in reversed(key.frames):
-            if fr.kind is FrameKind.PYTHON:
-                where = fr
-                break
-            if where is None and fr.kind is FrameKind.NATIVE:
-                where = fr
+        where = where_time_goes(key.frames)
         if where is None:
             continue
         a = acc.setdefault(where.label(False, short), [0, 0])
@@ -269,10 +274,7 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     elif meta.mode == "cpu":
         lines.append(f"  on-CPU time is estimated from samples (1/{meta.frequency_hz} s each); "
                      "--mode wall measures it exactly")
-    everyone: Dict[str, int] = {}
-    for r in why.values():
-        for reason, ns in r.items():
-            everyone[reason] = everyone.get(reason, 0) + ns
+    everyone = prof.off_cpu_totals()
     if everyone:
         lines.append("  off-CPU by reason, all threads: " + ", ".join(
             f"{r} {fmt_s(ns)}" for r, ns in sorted(everyone.items(), key=lambda kv: -kv[1])))

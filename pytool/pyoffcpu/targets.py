@@ -35,7 +35,7 @@ from . import bpfdefs, symbols
 from .cpython import detect
 from .cpython.code import CodeReader
 from .memory import MemoryError_, ProcessMemory
-from .procfs import ns_id, process_alive, read_text, stat_fields
+from .procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, stat_fields
 
 SNAPSHOT_S = 0.5                # maps and comm of every target read again
 LIVENESS_S = 5.0                # ... and whether it lives, where exits are in the life log
@@ -81,7 +81,7 @@ class Select:
         if self.uid is not None and uid_of(pid) != self.uid:
             return False
         if self.pattern is not None:
-            cmd = (read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+            cmd = cmdline(pid)
             if not cmd or not self.pattern.search(cmd):
                 return False
         return True
@@ -196,12 +196,7 @@ class Targets:
     def add_descendants(self):
         """--subprocesses with -p: the processes the targets started before
         the recording (a pool already running), children of children too."""
-        parents: Dict[int, List[int]] = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                fields = stat_fields(f"/proc/{name}/stat")
-                if len(fields) > 1 and fields[1].isdigit():
-                    parents.setdefault(int(fields[1]), []).append(int(name))
+        parents = children_by_parent()
         todo = list(self.by_pid)
         while todo:
             for child in parents.get(todo.pop(), ()):
@@ -691,9 +686,9 @@ class Targets:
         inner = ns_id(f"/proc/{pid}/status", pid)
         if inner:
             rec.ns_ids[pid] = inner
-        cmd = read_text(f"/proc/{pid}/cmdline")
+        cmd = cmdline(pid)
         if cmd:
-            rec.cmdlines[pid] = cmd.replace("\0", " ").strip()
+            rec.cmdlines[pid] = cmd
 
     def _tables_for(self, tgt: Target) -> bool:
         """Unwind tables for every -p / command target; under -a for the

@@ -46,21 +46,13 @@ class Live:
     def label(self, key: tuple) -> Tuple[str, Optional[str]]:
         got = self.labels.get(key)
         if got is None:
-            from . import bpfdefs, reasons
-            from .profile import FrameKind
+            from .reasons import reason_of
+            from .summary import where_time_goes
             tgid, tid, us, ks, ph, kind = key
             frames = self.merger.frames_for(tgid, us, ks, ph, 0)
-            where = None
-            for f in reversed(frames):
-                if f.kind is FrameKind.PYTHON:
-                    where = f
-                    break
-                if where is None and f.kind is FrameKind.NATIVE:
-                    where = f
+            where = where_time_goes(frames)
             name = where.label(False, self.merger._short) if where is not None else "[no frames]"
-            kind = bpfdefs.without_gil(kind)
-            reason = None if kind == bpfdefs.KIND_ONCPU else reasons.classify(
-                *reasons.split_kind(kind), frames)
+            reason = reason_of(kind, frames)
             if self.multi:
                 name = f"{tgid} {self.rec.comms.get(tgid, '?')}: {name}"
             got = self.labels[key] = (name, reason)

@@ -432,18 +432,29 @@ def gil_layout(pp: PythonProcess, mem) -> Tuple[Optional[GilLayout], str]:
         lay = GilLayout(0, o["interp_ceval_gil"], holder)
     for _ in range(GIL_CHECKS):
         try:
-            gil = lay.addr
-            if not gil:
-                interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
-                gil = mem.u64(interp + lay.interp_ceval_gil) if interp else 0
-                if not gil:
-                    return lay, ""          # not initialised yet: BPF reads it when it is
-            last, is_locked = struct.unpack("<QI", mem.read(gil + holder, 12))
+            got = read_gil(pp, lay, mem)
         except MemoryError_:
             return None, "its GIL cannot be read"
+        if got is None:
+            return lay, ""                  # not initialised yet: BPF reads it when it is
+        _, last, is_locked = got
         if is_locked == 0 or (is_locked == 1 and last in thread_state_addresses(pp, mem, 4096)):
             return lay, ""
     return None, "its GIL's fields do not hold the values a GIL holds (locked %d)" % is_locked
+
+
+def read_gil(pp: PythonProcess, lay: GilLayout, mem) -> Optional[Tuple[int, int, int]]:
+    """(the GIL's address, last_holder, locked) of the main interpreter's
+    GIL now, as BPF reads it; None before the interpreter has one.  Raises
+    MemoryError_ when it cannot be read."""
+    gil = lay.addr
+    if not gil:
+        interp = mem.u64(pp.runtime + pp.offsets["runtime_interpreters_head"])
+        gil = mem.u64(interp + lay.interp_ceval_gil) if interp else 0
+        if not gil:
+            return None
+    last, locked = struct.unpack("<QI", mem.read(gil + lay.holder, 12))
+    return gil, last, locked
 
 
 def walker_kind(minor: Tuple[int, int]) -> int:

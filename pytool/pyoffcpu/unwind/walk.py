@@ -11,6 +11,7 @@ import struct
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..memory import readable_range
+from ..procfs import blocked_syscall
 from . import table as T
 
 from ..bpfdefs import MAX_NATIVE_DEPTH as MAX_DEPTH
@@ -22,18 +23,8 @@ Region = Tuple[int, int, int, T.UnwindTable]
 
 def blocked_registers(pid: int, tid: int) -> Optional[Tuple[int, int]]:
     """(pc, sp) in user space of a blocked thread; None when it runs."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/syscall") as f:
-            parts = f.read().split()
-    except OSError:
-        return None
-    if len(parts) < 3 or parts[0] == "running":
-        return None
-    try:
-        sp, pc = int(parts[-2], 16), int(parts[-1], 16)
-    except ValueError:
-        return None
-    return (pc, sp) if pc and sp else None
+    sc = blocked_syscall(pid, tid)
+    return (sc.pc, sc.sp) if sc is not None and sc.pc and sc.sp else None
 
 
 def walk(regions: Sequence[Region], pc: int, sp: int, bp: Optional[int],
