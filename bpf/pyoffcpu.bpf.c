@@ -532,7 +532,6 @@ static __always_inline void open_key(u32 tid, struct offcpu_start *st, struct st
     }
 }
 
-/* next goes on a CPU: close the interval it spent off it. */
 #if WAKERS
 /* A wait of tid that began at `from` ends: its waker, if it woke the thread
  * after the wait began (an older one woke an earlier wait). */
@@ -570,6 +569,7 @@ static __always_inline void add_wake(u32 tid, u64 from, struct stack_key *key, u
 }
 #endif
 
+/* next goes on a CPU: close the interval it spent off it. */
 static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u64 exec)
 {
     struct thread_t *th = threads.lookup(&tid);
@@ -955,10 +955,11 @@ static __always_inline void irq_move(int which, int by)
     else if (*d > 0)
         *d -= 1;
 }
-/* Attached by the session (Session._attach_wakers), every exit before any
- * entry: an entry that fired while its exit was not attached yet would leave
- * its CPU "in an interrupt" for good, and every wakeup on it a timer's.
- * irq_handler_* and softirq_* share wake_irq_*, hrtimer_expire_* wake_timer_*. */
+/* Attached by the session (Session._attach, in WAKE_ATTACH's order), every
+ * exit before any entry: an entry that fired while its exit was not
+ * attached yet would leave its CPU "in an interrupt" for good, and every
+ * wakeup on it a timer's.  irq_handler_* and softirq_* share wake_irq_*,
+ * hrtimer_expire_* wake_timer_*. */
 int wake_irq_enter(struct bpf_raw_tracepoint_args *ctx) { irq_move(0, 1); return 0; }
 int wake_irq_leave(struct bpf_raw_tracepoint_args *ctx) { irq_move(0, -1); return 0; }
 int wake_timer_enter(struct bpf_raw_tracepoint_args *ctx) { irq_move(1, 1); return 0; }
@@ -988,8 +989,8 @@ static __always_inline void wake_recorded(struct unwind_state *s)
  * Bystanders cost the target test only: the wakee's tgid against the inline
  * target list.  A waker in a target process gets its stacks taken as a
  * switch-out's are (capture, then memo_wake / unwind_wake for the native
- * walk, reused as at a switch-out); one in
- * another process its kernel stack only (its mappings are not known). */
+ * walk, reused as at a switch-out); one in another process its kernel
+ * stack only (its mappings are not known). */
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
     int zero = 0;

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from ..profile import FrameKind, Profile, off_cpu_marker
 
@@ -218,33 +218,37 @@ def render_pprof(profile: Profile, threads: bool = True, full_paths: bool = Fals
 
 
 # -- reading ----------------------------------------------------------------------------
+def read_varint(data: bytes, i: int) -> Tuple[int, int]:
+    """(the unsigned varint at data[i], the index after it)."""
+    shift = v = 0
+    while True:
+        if i >= len(data):
+            raise ValueError("truncated varint")
+        c = data[i]
+        i += 1
+        v |= (c & 0x7F) << shift
+        if c < 0x80:
+            return v, i
+        shift += 7
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >> 63 else v
+
+
 def fields(data: bytes) -> Dict[int, list]:
     """One message's fields: number -> values in order (ints for varints,
     bytes for length-delimited ones); fixed32/64 are skipped."""
     out: Dict[int, list] = {}
     i, n = 0, len(data)
-
-    def uvarint():
-        nonlocal i
-        shift = v = 0
-        while True:
-            if i >= n:
-                raise ValueError("truncated varint")
-            c = data[i]
-            i += 1
-            v |= (c & 0x7F) << shift
-            if c < 0x80:
-                return v
-            shift += 7
-
     while i < n:
-        tag = uvarint()
+        tag, i = read_varint(data, i)
         field, wire = tag >> 3, tag & 7
         if wire == 0:
-            v = uvarint()
-            out.setdefault(field, []).append(v - (1 << 64) if v >> 63 else v)
+            v, i = read_varint(data, i)
+            out.setdefault(field, []).append(_signed(v))
         elif wire == 2:
-            ln = uvarint()
+            ln, i = read_varint(data, i)
             if i + ln > n:
                 raise ValueError("truncated field")
             out.setdefault(field, []).append(data[i:i + ln])
@@ -265,15 +269,8 @@ def _ints(values: list) -> List[int]:
         if isinstance(v, bytes):
             j = 0
             while j < len(v):
-                shift = x = 0
-                while True:
-                    c = v[j]
-                    j += 1
-                    x |= (c & 0x7F) << shift
-                    if c < 0x80:
-                        break
-                    shift += 7
-                out.append(x - (1 << 64) if x >> 63 else x)
+                x, j = read_varint(v, j)
+                out.append(_signed(x))
         else:
             out.append(v)
     return out

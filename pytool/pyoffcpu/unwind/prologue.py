@@ -102,43 +102,41 @@ def function_rows(code: bytes, start: int, md=None) -> List[Row]:
     end = start + len(code)
     for addr, size, m, ops in md.disasm_lite(code, start):
         n += 1
-        decoded_to = addr + size
-        nxt = addr + size
+        decoded_to = addr + size        # where the rule of a prologue step starts
         if in_prologue and n <= PROLOGUE_MAX:
+            moved = None                # the CFA offset after this step, if it moves it
             if m in ("endbr64", "nop"):
                 continue
-            if m == "push" and ops in GPRS and not framed:
-                cfa += 8
+            if m == "push" and ops in GPRS:
+                moved = cfa + 8
                 if ops == "rbp" and rbp_at == 0:
-                    rbp_at = -cfa
-                rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
-                continue
-            if m == "sub" and ops.startswith("rsp, ") and not framed:
+                    rbp_at = -moved
+            elif m == "sub" and ops.startswith("rsp, "):
                 imm = _int(ops[5:].strip())
-                if imm is not None:
-                    cfa += imm
-                    rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
-                    continue
-            if m == "lea" and ops.startswith("rsp, [rsp") and not framed:
+                moved = None if imm is None else cfa + imm
+            elif m == "lea" and ops.startswith("rsp, [rsp"):
                 rest = ops[len("rsp, [rsp"):].strip()
                 disp = 0 if rest == "]" else _int(rest[:-1].replace(" ", "")) if rest.endswith("]") else None
-                if disp is not None:
-                    cfa -= disp
-                    rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
+                moved = None if disp is None else cfa - disp
+            elif m == "mov" and ops == "rbp, rsp" and rbp_at == -cfa:
+                # rbp = the address of the saved rbp: CFA = rbp + cfa from here
+                # on, whatever rsp does; the prologue has nothing more to say
+                framed, in_prologue = True, False
+                rows.append((decoded_to, (UR_RBP | UR_DERIVED, cfa, rbp_at // 8)))
+                continue
+            else:
+                store = _frame_store(m, ops, cfa)
+                if store is not None:
+                    # `mov qword ptr [rsp + X], REG`: a callee-saved register kept
+                    # in the frame (as hand-written kernels do instead of pushes)
+                    if store[0] == "rbp" and rbp_at == 0:
+                        rbp_at = store[1] - cfa
+                        rows.append((decoded_to, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
                     continue
-            if m == "mov" and ops == "rbp, rsp" and rbp_at == -cfa:
-                framed = True           # rbp = the address of the saved rbp: CFA = rbp + cfa
-                rows.append((nxt, (UR_RBP | UR_DERIVED, cfa, rbp_at // 8)))
+            if moved is not None:
+                cfa = moved
+                rows.append((decoded_to, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
                 continue
-            store = _frame_store(m, ops, cfa)
-            if store is not None and not framed:
-                # `mov qword ptr [rsp + X], REG`: a callee-saved register kept
-                # in the frame (as hand-written kernels do instead of pushes)
-                if store[0] == "rbp" and rbp_at == 0:
-                    rbp_at = store[1] - cfa
-                    rows.append((nxt, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
-                continue
-            in_prologue = False
         in_prologue = False
         if cfa < 8 or cfa >= 32768:
             return []                   # not a frame this table can say
