@@ -325,7 +325,7 @@ static __always_inline u32 gil_state(struct proc_info *pi, u64 tstate)
 /* The current thread's user registers, as saved at kernel entry (right for
  * a sample taken in kernel mode and at sched_switch alike); 0 when it has
  * none.  pt_regs offsets from BTF (-DPT_REGS_*_OFF, with NATIVE_UNWIND). */
-static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp)
+static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp, u64 *bx)
 {
 #if NATIVE_UNWIND
     struct task_struct *task = bpf_get_current_task_btf();
@@ -336,6 +336,7 @@ static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp)
     long err = bpf_probe_read_kernel(pc, 8, (void *)(regs + PT_REGS_IP_OFF));
     err |= bpf_probe_read_kernel(sp, 8, (void *)(regs + PT_REGS_SP_OFF));
     err |= bpf_probe_read_kernel(bp, 8, (void *)(regs + PT_REGS_BP_OFF));
+    err |= bpf_probe_read_kernel(bx, 8, (void *)(regs + PT_REGS_BX_OFF));
     err |= bpf_probe_read_kernel(&cs, 8, (void *)(regs + PT_REGS_CS_OFF));
     return err == 0 && (cs & 3) == 3;
 #else

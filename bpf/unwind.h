@@ -34,7 +34,7 @@
  * table (JIT, a table that did not fit) is walked by frame pointer.
  *
  * Set by the loader with -D:
- *   PT_REGS_IP_OFF, PT_REGS_SP_OFF, PT_REGS_BP_OFF, PT_REGS_CS_OFF   (BTF)
+ *   PT_REGS_IP_OFF, PT_REGS_SP_OFF, PT_REGS_BP_OFF, PT_REGS_BX_OFF, PT_REGS_CS_OFF   (BTF)
  */
 #ifndef PYOFFCPU_UNWIND_H
 #define PYOFFCPU_UNWIND_H
@@ -48,6 +48,7 @@
 #define PT_REGS_IP_OFF 0
 #define PT_REGS_SP_OFF 0
 #define PT_REGS_BP_OFF 0
+#define PT_REGS_BX_OFF 0
 #define PT_REGS_CS_OFF 0
 #endif
 #ifndef UNWIND_FRAMES_PER_CALL
@@ -269,7 +270,8 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
     u64 lookup_pc = d == 0 ? pc : pc - 1;
     u64 cfa = 0, ra = 0;
     s64 rbp_at = 0;                 /* rbp saved at CFA + rbp_at, 0: unchanged */
-    int lost_bp = 0;
+    int bp_rule = 0;                /* 1: rbp lost; 2: the word at this frame's rbp */
+    u32 method = METHOD_TABLE;
     struct unwind_row row;
     int found = unwind_rule(s, pu, lookup_pc, &row);
     if (found < 0) {
@@ -279,25 +281,43 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
     if (found) {
         struct unwind_row *r = &row;
         u8 kind = r->kind & ~UR_DERIVED;
-        if (r->kind & UR_DERIVED)
+        if (r->kind & UR_DERIVED) {
             s->st.flags |= NST_PROLOGUE;
+            method = METHOD_PROLOGUE;
+        }
         if (kind == UR_END)
             return 1;               /* the outermost frame: a complete stack */
-        if (kind == UR_RSP)
+        if (kind == UR_RSP) {
             cfa = sp + r->cfa_off;
-        else if (kind == UR_RBP)
+        } else if (kind == UR_RBP) {
             cfa = bp + r->cfa_off;
-        else if (kind == UR_PLT)
+        } else if (kind == UR_PLT) {
             cfa = sp + r->cfa_off + ((lookup_pc & 15) >= (u64)r->rbp ? 8 : 0);
-        else {
+        } else if (kind == UR_DRAP) {
+            /* the CFA was kept in the frame before rsp was realigned */
+            u64 at = bp + r->cfa_off;
+            if (!stack_read(s, at, &cfa, 8)) {
+                s->st.flags |= NST_INCOMPLETE;
+                return 1;
+            }
+            memo_word(s, at, cfa);
+        } else if (kind == UR_RBX && d == 0) {
+            /* rbx is known in the leaf only (the sampled registers); deeper,
+             * what a callee did with it is not followed */
+            cfa = s->bx + r->cfa_off;
+            s->memo.uses_bx = 1;
+        } else {
             s->st.flags |= NST_INCOMPLETE;
             return 1;
         }
         if (kind != UR_PLT) {
-            if (ROW_RBP(r) == RBP_LOST)
-                lost_bp = 1;
+            s64 rb = ROW_RBP(r);
+            if (rb == RBP_LOST)
+                bp_rule = 1;
+            else if (rb == RBP_AT_RBP)
+                bp_rule = 2;
             else
-                rbp_at = ROW_RBP(r) * 8;
+                rbp_at = rb * 8;
         }
     } else {
         /* No table: frame pointers (JIT code, an object that did not fit,
@@ -308,6 +328,7 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
             return 1;
         }
         s->st.flags |= NST_FRAMEPOINTER;
+        method = METHOD_FP;
         cfa = bp + 16;
         rbp_at = -16;
     }
@@ -332,19 +353,21 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
             return 1;
         }
         memo_word(s, cfa - 8, ra);
-        if (rbp_at) {
-            if (!stack_read(s, cfa + rbp_at, &bp, 8)) {
+        u64 bp_addr = bp_rule == 2 ? bp : cfa + rbp_at;
+        if (rbp_at || bp_rule == 2) {
+            if (!stack_read(s, bp_addr, &bp, 8)) {
                 bp = 0;
                 s->memo.ok = 0;     /* a failed read cannot be checked again */
             } else {
-                memo_word(s, cfa + rbp_at, bp);
+                memo_word(s, bp_addr, bp);
             }
-        } else if (lost_bp) {
+        } else if (bp_rule == 1) {
             bp = 0;
         }
     }
     if (ra == 0)
         return 1;                   /* the end of the chain */
+    s->st.methods[method & (METHODS - 1)]++;
     s->pc = ra;
     s->sp = cfa;
     s->bp = bp;
@@ -354,7 +377,7 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
 /* User registers of the current thread into s; 0 when it has none. */
 static __always_inline int unwind_regs(struct unwind_state *s)
 {
-    return current_user_regs(&s->pc, &s->sp, &s->bp);   /* pyoffcpu.bpf.c */
+    return current_user_regs(&s->pc, &s->sp, &s->bp, &s->bx);   /* pyoffcpu.bpf.c */
 }
 
 /* Set up the walk of the current thread's user stack: its registers into
@@ -381,10 +404,13 @@ static __always_inline int unwind_prepare(u32 tgid, int slot)
     s->st.tgid = tgid;
     s->st.depth = 0;
     s->st.flags = 0;
+    *(u32 *)s->st.methods = 0;
     s->hash = 0xcbf29ce484222325ULL ^ tgid;
     s->memo.pc = s->pc;
     s->memo.sp = s->sp;
     s->memo.bp = s->bp;
+    s->memo.bx = s->bx;
+    s->memo.uses_bx = 0;
     s->memo.tgid = tgid;
     s->memo.gen = pu->gen;
     s->memo.nw = 0;
@@ -422,7 +448,9 @@ static __always_inline int unwind_run(struct unwind_state *s)
 static __always_inline int unwind_store(struct unwind_state *s)
 {
     int stored = 1;
-    u64 h = mix(s->hash, s->st.flags);
+    /* the methods are a function of the pcs and the tables, mixed in all the
+     * same: a stack's entry never stands for one found another way */
+    u64 h = mix(s->hash, s->st.flags | ((u64)*(u32 *)s->st.methods << 32));
     if (h == 0)
         h = 1;
     if (!nstacks.lookup(&h)) {
@@ -480,7 +508,7 @@ static __always_inline struct switch_memo_t *memo_match(struct unwind_state *s,
     if (!m)
         return 0;
     if (m->tgid != s->memo.tgid || m->gen != s->memo.gen || m->pc != s->memo.pc ||
-        m->sp != s->memo.sp || m->bp != s->memo.bp)
+        m->sp != s->memo.sp || m->bp != s->memo.bp || (m->uses_bx && m->bx != s->memo.bx))
         return 0;
     u32 nw = m->nw;
     if (nw == 0 || nw > MEMO_WORDS || m->hi <= m->lo)

@@ -20,9 +20,15 @@
 #define UR_RBP     2                /* CFA = rbp + cfa_off */
 #define UR_PLT     3                /* CFA = rsp + cfa_off + ((pc & 15) >= rbp ? 8 : 0) */
 #define UR_END     4                /* return address undefined: outermost frame */
+#define UR_DRAP    5                /* CFA = the word at rbp + cfa_off (GCC's stack realignment
+                                       keeps the CFA in the frame: DW_OP_breg6 N; DW_OP_deref) */
+#define UR_RBX     6                /* CFA = rbx + cfa_off: the leaf frame only, where rbx is the
+                                       sampled register (prologue analysis: mov %rsp, %rbx) */
 #define UR_DERIVED 0x80             /* flag: a row from prologue analysis, not from an FDE
                                        (pytool/pyoffcpu/unwind/prologue.py) */
 #define RBP_LOST   (-128)           /* rbp cannot be recovered in the caller */
+#define RBP_AT_RBP 127              /* the caller's rbp is the word at this frame's rbp
+                                       (DW_CFA_expression: rbp (DW_OP_breg6 0), with UR_DRAP) */
 #define ROW_RBP(r) ((s64)(signed char)(r)->rbp)
 
 /* The rule from pc on; also the page index entries (pc = row index). */
@@ -31,7 +37,8 @@ struct unwind_row {
     short cfa_off;
     unsigned char kind;
     unsigned char rbp;              /* as signed char: rbp saved at CFA + 8 * rbp;
-                                       0: unchanged (bcc's ctypes know no signed char) */
+                                       0: unchanged, RBP_LOST, RBP_AT_RBP
+                                       (bcc's ctypes know no signed char) */
 };
 
 /* One executable mapping of a process. */
@@ -59,11 +66,18 @@ struct proc_unwind {
 #define NST_UNMAPPED     8          /* a pc in no mapping known to unwind_procs */
 #define NST_PROLOGUE     16         /* some frames were unwound by prologue-analysis rows */
 
+/* native_stack.methods: frames found by each method, one byte each */
+#define METHOD_TABLE     0          /* a row from an FDE */
+#define METHOD_PROLOGUE  1          /* a row from prologue analysis (UR_DERIVED) */
+#define METHOD_FP        2          /* frame pointer: code without a table */
+#define METHODS          4          /* bytes of methods (one spare) */
+
 struct native_stack {
     unsigned int tgid;
     unsigned int depth;
     unsigned int flags;
-    unsigned int pad;
+    unsigned char methods[METHODS]; /* caller frames found by each METHOD_* (the leaf
+                                       frame is the sampled pc: no method) */
     unsigned long long pcs[MAX_NATIVE_DEPTH];  /* innermost first */
 };
 
@@ -77,12 +91,15 @@ struct native_stack {
 #define MEMO_SPAN  16384            /* bytes of stack one check may read; power of two */
 struct switch_memo_t {
     unsigned long long pc, sp, bp;
+    unsigned long long bx;          /* the leaf's rbx, an input only when uses_bx */
     unsigned long long nstack;      /* the walk's result: its hash in nstacks */
     unsigned long long lo, hi;      /* the words lie in [lo, hi) */
     unsigned int tgid;
     unsigned int gen;               /* proc_unwind.gen of the tables used */
     unsigned int nw;
     unsigned int ok;                /* every read of the walk is in addr/val */
+    unsigned int uses_bx;           /* the walk used rbx (a UR_RBX leaf) */
+    unsigned int pad;
     unsigned long long addr[MEMO_WORDS];
     unsigned long long val[MEMO_WORDS];
 };
@@ -93,6 +110,7 @@ struct unwind_state {
     unsigned long long ts;          /* sched_switch: start of the off-CPU interval;
                                        sched_waking: the wakeup */
     unsigned long long pc, sp, bp;
+    unsigned long long bx;          /* the leaf's rbx (UR_RBX) */
     unsigned long long hash;
     unsigned int calls;
     unsigned int ready;             /* set up by unwind_prepare() */

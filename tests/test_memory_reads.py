@@ -104,6 +104,37 @@ def test_walk_ends_at_a_garbage_saved_rbp():
         read.close()
 
 
+def test_walk_follows_rbx_in_the_leaf_and_a_cfa_kept_in_the_frame():
+    """The realigned kernel's rule (CFA = rbx + 24, the leaf only), then GCC's
+    DRAP rule (CFA = the word at rbp - 8, the caller's rbp the word at rbp),
+    then an rbp-based frame that needs that rbp: exact, as BPF walks them."""
+    a, b, c = 0x2000, 0x3001, 0x4001
+    w = (ctypes.c_uint64 * 16)()
+    base = ctypes.addressof(w)
+    w[2] = b                    # leaf: CFA = rbx + 24 = base + 24, its return address at base + 16
+    w[4] = base + 64            # b: CFA kept at rbp - 8 (rbp = base + 40)
+    w[5] = base + 96            # b: the caller's rbp, at rbp
+    w[7] = c                    # b's return address, at its CFA - 8
+    w[13] = 0                   # c: CFA = rbp + 16 = base + 112, return address 0: the end
+    table = OneRule({a: (0, 24, T.UR_RBX, 0), b - 1: (0, -8, T.UR_DRAP, T.RBP_AT_RBP),
+                     c - 1: (0, 16, T.UR_RBP, 0)})
+    regions = [(0x1000, 0x100000, 0, table)]
+    read = walk.memory_reader(os.getpid())
+    try:
+        pcs, flags = walk.walk(regions, a, base + 8, base + 40, read, bx=base)
+        assert pcs == [a, b, c] and not flags & walk.NST_INCOMPLETE, (pcs, flags)
+        # rbx not known (a blocked thread's registers from /proc): the walk stops
+        pcs, flags = walk.walk(regions, a, base + 8, base + 40, read)
+        assert pcs == [a] and flags & walk.NST_INCOMPLETE, (pcs, flags)
+        # the rbx rule in a caller's frame: rbx is not the frame's there
+        table.rules[a] = (0, 16, T.UR_RSP, 0)
+        table.rules[b - 1] = (0, 24, T.UR_RBX, 0)
+        pcs, flags = walk.walk(regions, a, base + 8, None, read, bx=base)
+        assert pcs == [a, b] and flags & walk.NST_INCOMPLETE, (pcs, flags)
+    finally:
+        read.close()
+
+
 def wait_until_blocked(t):
     """Until thread `t` of this process sits in a system call that
     /proc/PID/task/TID/syscall shows (what the blocked-thread walk reads)."""

@@ -12,7 +12,7 @@ import pytest
 from conftest import WORKLOADS, Workload, python_or_skip, record_folded
 
 LABELS = ["pyenv-3.9", "pyenv-3.11", "pyenv-3.13", "debian-3.11"]
-KERNELS = ("nocfi_spin", "nocfi_call")
+KERNELS = ("nocfi_spin", "nocfi_call", "nocfi_realign")
 # nocfi_rbp takes rbp, its callers' CFA is rbp-based: their rbp is lost in its
 # body, so its walk ends at its caller (a frame it can still prove); the
 # frames it shows must be those, never more
@@ -20,8 +20,10 @@ RBP_KERNEL, RBP_CALLERS = "nocfi_rbp", ["py_rbp", "nf_fp_outer", "nf_fp_middle",
 # what called each kernel, outermost first, and what it may call
 CALLERS = {"spin": ["py_spin", "nf_outer", "nf_middle", "nocfi_spin"],
            "call": ["py_call", "nf_outer_cb", "nf_middle_cb", "nocfi_call"],
-           "thread": ["clone3", "start_thread", "nf_thread", "nf_th_outer", "nf_middle", "nocfi_spin"]}
-BELOW = {"nocfi_spin": [[]], "nocfi_call": [[], ["nf_callback"]]}
+           "thread": ["clone3", "start_thread", "nf_thread", "nf_th_outer", "nf_middle", "nocfi_spin"],
+           # rsp in rbx under a realigned stack, called from a DRAP frame (CFA = *(rbp - 40))
+           "realign": ["py_realign", "nf_outer_ra", "nf_drap", "nocfi_realign"]}
+BELOW = {"nocfi_spin": [[]], "nocfi_call": [[], ["nf_callback"]], "nocfi_realign": [[]]}
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +100,7 @@ def test_kernels_without_cfi_keep_their_whole_chain(tmp_path, bpf, label, extens
     assert total > 1.0e9 and rbp_ns > 0.3e9, (total, rbp_ns)
     assert false == 0
     assert complete >= 0.95 * total, (complete, total, by)
+    assert by["nocfi_realign"][0] > 0.3e9 and by["nocfi_realign"][1] >= 0.95 * by["nocfi_realign"][0], by
     # the Python frames are above the main thread's kernels
     py = [k for k in prof.weights if any(f.name == "spin_case" for f in k.frames)]
     assert py and any(f.name == "nocfi_spin" for k in py for f in k.frames)

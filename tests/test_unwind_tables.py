@@ -104,7 +104,7 @@ def mine(r):
         kind, off = x
         if kind == E.OFFSET:
             return f"c{off:+d}"
-        if kind == E.OTHER:
+        if kind in (E.OTHER, E.AT_RBP):
             return "other"
         return "u"
     return cfa, rule(r.rbp), rule(r.ra)
@@ -256,6 +256,38 @@ def test_plt_expression_is_recognised():
     assert T.encode_row(row) == (T.UR_PLT, 8, 11)
     other = E.Row(0, -1, 0, bytes([0x77, 0xA0, 0x01, 0x06]), (E.SAME, 0), (E.OFFSET, -8))
     assert T.encode_row(other)[0] == T.UR_INVALID     # signal frame: *(rsp + 160)
+
+
+DRAP_C = r"""
+extern void sink(volatile double *, long, long, long, long, long, long, long);
+void realigned(long a, long b, long c, long d, long e, long f, long g) {
+    volatile double x[8] __attribute__((aligned(64)));
+    for (int i = 0; i < 8; i++) x[i] = a * i;
+    sink(x, a, b, c, d, e, f, g);
+}
+"""
+
+
+def test_a_stack_realigned_with_a_drap_register_gets_its_cfa_from_the_frame(tmp_path):
+    """GCC keeps the CFA in the frame (DW_OP_breg6 N; DW_OP_deref) and the
+    caller's rbp at rbp (DW_CFA_expression rbp: DW_OP_breg6 0)."""
+    src, so = tmp_path / "d.c", tmp_path / "d.so"
+    src.write_text(DRAP_C)
+    subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-shared", "-fPIC", "-o", str(so), str(src)],
+                   check=True)
+    fde = next(f for f in parse_file(str(so)) if any(r.cfa_expr and r.cfa_expr[0] == 0x76 for r in f.rows))
+    rules = [T.encode_row(r) for r in fde.rows]
+    drap = [r for r in rules if r[0] == T.UR_DRAP]
+    assert drap and all(r[1] < 0 and r[1] % 8 == 0 for r in drap), rules
+    assert (T.UR_DRAP, drap[0][1], T.RBP_AT_RBP) in rules, rules
+    # "rbp at rbp" is only taken where the CFA comes from rbp: after an
+    # epilogue's `pop %rbp`, GCC's rule still says so of the caller's rbp
+    assert all(r[2] != T.RBP_AT_RBP for r in rules if r[0] != T.UR_DRAP), rules
+    expr = bytes([0x76, 0x78, 0x06])                  # DW_OP_breg6 -8; DW_OP_deref
+    row = E.Row(0, -1, 0, expr, (E.AT_RBP, 0), (E.OFFSET, -8))
+    assert T.encode_row(row) == (T.UR_DRAP, -8, T.RBP_AT_RBP)
+    row = E.Row(0, -1, 0, bytes([0x76, 0x78]), (E.AT_RBP, 0), (E.OFFSET, -8))
+    assert T.encode_row(row)[0] == T.UR_INVALID       # rbp - 8 itself, not the word there
 
 
 def test_page_index_keeps_searches_short():

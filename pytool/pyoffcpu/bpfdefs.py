@@ -95,6 +95,22 @@ NST_INCOMPLETE = value("NST_INCOMPLETE")
 NST_FRAMEPOINTER = value("NST_FRAMEPOINTER")
 NST_UNMAPPED = value("NST_UNMAPPED")
 NST_PROLOGUE = value("NST_PROLOGUE")
+# native_stack.methods: frames found by each method, carried in the stack's
+# flags from bit 32 on (one byte per method), as user space keeps them
+METHOD_TABLE, METHOD_PROLOGUE, METHOD_FP = (value(n) for n in ("METHOD_TABLE", "METHOD_PROLOGUE", "METHOD_FP"))
+METHOD_NAMES = {METHOD_TABLE: "cfi", METHOD_PROLOGUE: "prologue", METHOD_FP: "frame pointer"}
+METHODS = value("METHODS")
+
+
+def with_methods(flags: int, methods) -> int:
+    """A stack's NST_* flags with its per-method frame counts (bytes) above."""
+    return flags | int.from_bytes(bytes(methods[:METHODS]), "little") << 32
+
+
+def frame_methods(flags: int) -> Dict[str, int]:
+    """Method name -> frames it found, from with_methods' flags."""
+    b = (flags >> 32).to_bytes(METHODS, "little")
+    return {name: b[i] for i, name in METHOD_NAMES.items()}
 
 
 def drop_names() -> Dict[int, str]:

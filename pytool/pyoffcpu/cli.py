@@ -267,6 +267,11 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
         click.echo(f"pyoffcpu: native stacks through code without CFI: {share(stats.prologue_ns)} of the "
                    f"time needed rows from prologue analysis, {share(stats.framepointer_ns)} frame pointers",
                    err=True)
+        frames = sum(stats.method_frame_ns.values())
+        if frames:
+            by = ", ".join(f"{label} {100 * stats.method_frame_ns.get(name, 0) / frames:.1f}%" for name, label in
+                           (("cfi", "CFI"), ("prologue", "prologue analysis"), ("frame pointer", "frame pointers")))
+            click.echo(f"pyoffcpu: native frames by how they were found (weighted by time): {by}", err=True)
     click.echo(render_summary(prof), err=True)
     if write_error is None:
         click.echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)

@@ -33,6 +33,8 @@ class MergeStats:
     native_ns: int = 0          # weight of stacks walked from unwind tables
     prologue_ns: int = 0        # ... that needed rows from prologue analysis (no CFI)
     framepointer_ns: int = 0    # ... that needed frame pointers (no table)
+    # frames found by each method (bpfdefs.METHOD_NAMES), each weighted by its stack's time
+    method_frame_ns: Dict[str, int] = field(default_factory=dict)
     torn_stacks: int = 0        # Python stacks cut at a frame that is not a code object
 
     def as_dict(self) -> Dict[str, float]:
@@ -237,6 +239,8 @@ class Merger:
                 self.stats.prologue_ns += ns
             if nflags & bpfdefs.NST_FRAMEPOINTER:
                 self.stats.framepointer_ns += ns
+            for name, n in bpfdefs.frame_methods(nflags).items():
+                self.stats.method_frame_ns[name] = self.stats.method_frame_ns.get(name, 0) + n * ns
         groups, truncated = self.python_groups(pyhash) if pyhash else ([], False)
         if groups:
             self.stats.python_ns += ns

@@ -9,6 +9,9 @@
  *   rbp(seconds)       nf_fp_outer -> nf_fp_middle (both with frame pointers: their CFA
  *                      is rbp-based) -> nocfi_rbp, which takes rbp: the walk must end
  *                      at the kernel, never go on from its counter
+ *   realign(seconds)   nf_outer_ra -> nf_drap (its stack realigned by GCC: the CFA
+ *                      kept in the frame, DW_OP_deref) -> nocfi_realign (rsp in rbx,
+ *                      the stack aligned, rbp taken: OpenBLAS's GEMM kernels' shape)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,6 +26,7 @@
 unsigned long nocfi_spin(unsigned long iters);
 unsigned long nocfi_call(unsigned long iters, unsigned long (*fn)(void));
 unsigned long nocfi_rbp(unsigned long iters);
+unsigned long nocfi_realign(unsigned long iters);
 #define FRAMED __attribute__((noipa, optimize("no-omit-frame-pointer")))
 
 static volatile unsigned long sink;
@@ -97,42 +101,57 @@ FRAMED unsigned long nf_fp_outer(double seconds)
     return n + 1;
 }
 
-static PyObject *py_rbp(PyObject *self, PyObject *args)
+KEEP void nf_args(volatile double *buf, long a, long b, long c, long d, long e, long f, long g)
 {
-    double seconds;
-    if (!PyArg_ParseTuple(args, "d", &seconds))
-        return NULL;
-    unsigned long n;
-    Py_BEGIN_ALLOW_THREADS
-    n = nf_fp_outer(seconds);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromUnsignedLong(n);
+    buf[0] += a + b + c + d + e + f + g;
 }
 
-static PyObject *py_spin(PyObject *self, PyObject *args)
+/* A 64-byte aligned local and a call with arguments on the stack: GCC
+ * realigns the stack with a DRAP register and describes the CFA as the
+ * word at rbp - 8 (DW_CFA_def_cfa_expression; the build checks it). */
+KEEP unsigned long nf_drap(double seconds, long a, long b, long c, long d, long e, long f, long g)
 {
-    double seconds;
-    if (!PyArg_ParseTuple(args, "d", &seconds))
-        return NULL;
-    unsigned long n;
-    Py_BEGIN_ALLOW_THREADS
-    n = nf_outer(seconds);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromUnsignedLong(n);
+    volatile double buf[8] __attribute__((aligned(64)));
+    double end = now_s() + seconds;
+    unsigned long n = 0;
+    for (int i = 0; i < 8; i++)
+        buf[i] = a + b * i;
+    do {
+        n += nocfi_realign(2000000 + (c ^ d ^ e ^ f));
+        AFTER_CALL();
+        buf[n & 7] += g;
+    } while (now_s() < end);
+    nf_args(buf, a, b, c, d, e, f, g);
+    sink = (unsigned long)buf[3];
+    return n;
 }
 
-static PyObject *py_call(PyObject *self, PyObject *args)
+KEEP unsigned long nf_outer_ra(double seconds)
 {
-    double seconds;
-    if (!PyArg_ParseTuple(args, "d", &seconds))
-        return NULL;
-    unsigned long n;
-    Py_BEGIN_ALLOW_THREADS
-    n = nf_outer_cb(seconds);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromUnsignedLong(n);
+    unsigned long n = nf_drap(seconds, 1, 2, 3, 4, 5, 6, 7);
+    AFTER_CALL();
+    return n + 1;
 }
 
+/* The Python-facing frame of each chain: py_NAME(seconds) runs FN(seconds)
+ * without the GIL. */
+#define TIMED_METHOD(name, fn)                                  \
+    static PyObject *py_##name(PyObject *self, PyObject *args)  \
+    {                                                           \
+        double seconds;                                         \
+        if (!PyArg_ParseTuple(args, "d", &seconds))             \
+            return NULL;                                        \
+        unsigned long n;                                        \
+        Py_BEGIN_ALLOW_THREADS                                  \
+        n = fn(seconds);                                        \
+        Py_END_ALLOW_THREADS                                    \
+        return PyLong_FromUnsignedLong(n);                      \
+    }
+
+TIMED_METHOD(realign, nf_outer_ra)
+TIMED_METHOD(rbp, nf_fp_outer)
+TIMED_METHOD(spin, nf_outer)
+TIMED_METHOD(call, nf_outer_cb)
 KEEP unsigned long nf_th_outer(void)
 {
     unsigned long n = nf_middle(3600.0);
@@ -165,6 +184,7 @@ static PyMethodDef methods[] = {
     {"call", py_call, METH_VARARGS, "nf_outer_cb -> nf_middle_cb -> nocfi_call -> nf_callback"},
     {"start_thread", py_start_thread, METH_NOARGS, "a pthread in nocfi_spin; returns its tid"},
     {"rbp", py_rbp, METH_VARARGS, "nf_fp_outer -> nf_fp_middle -> nocfi_rbp (takes rbp)"},
+    {"realign", py_realign, METH_VARARGS, "nf_outer_ra -> nf_drap (DRAP) -> nocfi_realign"},
     {NULL, NULL, 0, NULL},
 };
 

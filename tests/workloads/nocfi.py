@@ -8,6 +8,8 @@ The main thread alternates, 100 ms each, between
                 -> nf_callback (C)
   rbp_case():   nocfi.rbp()   -> nf_fp_outer -> nf_fp_middle (frame pointers) -> nocfi_rbp
                 (asm, no CFI, takes rbp)
+  realign_case(): nocfi.realign() -> nf_outer_ra -> nf_drap (stack realigned: DRAP)
+                -> nocfi_realign (asm, no CFI, rsp kept in rbx)
 and a pthread (no Python state) runs nf_thread -> nf_th_outer -> nf_middle ->
 nocfi_spin.  Prints "cthread TID", then "ready".
 """
@@ -37,6 +39,10 @@ def rbp_case(m):
     m.rbp(0.100)
 
 
+def realign_case(m):
+    m.realign(0.100)
+
+
 def main():
     m = load(sys.argv[1])
     end = time.monotonic() + float(sys.argv[2])
@@ -46,6 +52,7 @@ def main():
         spin_case(m)
         call_case(m)
         rbp_case(m)
+        realign_case(m)
 
 
 if __name__ == "__main__":

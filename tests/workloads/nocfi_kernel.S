@@ -12,6 +12,11 @@
  *       (where no unwinder can know it is): its caller's rbp is lost in its
  *       body, and rbp points at an older frame (its caller's caller's): a
  *       walk that believed it would skip a frame.
+ *   unsigned long nocfi_realign(unsigned long iters)
+ *       OpenBLAS's GEMM kernels' shape: callee-saved registers kept with mov
+ *       in a frame, rsp copied to rbx and the stack aligned to 4 KiB, rbp
+ *       taken for a pointer of its own; a loop whose body jumps forward and
+ *       back, so the rule must follow the control flow, not a straight line.
  */
         .text
         .globl  nocfi_spin
@@ -81,5 +86,40 @@ nocfi_rbp:
         popq    %r12
         ret
         .size   nocfi_rbp, .-nocfi_rbp
+
+        .globl  nocfi_realign
+        .type   nocfi_realign, @function
+        .p2align 4
+nocfi_realign:
+        subq    $56, %rsp
+        movq    %rbx, (%rsp)
+        movq    %rbp, 8(%rsp)
+        movq    %r12, 16(%rsp)
+        vzeroupper
+        movq    %rsp, %rbx
+        subq    $8192, %rsp
+        andq    $-4096, %rsp
+        movq    %rsp, %rbp              /* rbp: the aligned buffer, not a frame */
+        movq    $1, %rax
+        movq    $6364136223846793005, %r12
+        jmp     2f
+1:      imulq   %r12, %rax
+        movq    %rax, 64(%rbp)
+        testq   $1, %rdi
+        jz      3f
+        addq    %rdi, %rax
+        jmp     3f
+2:      testq   %rdi, %rdi
+        jnz     1b
+        jmp     4f
+3:      decq    %rdi
+        jmp     2b
+4:      movq    %rbx, %rsp
+        movq    16(%rsp), %r12
+        movq    8(%rsp), %rbp
+        movq    (%rsp), %rbx
+        addq    $56, %rsp
+        ret
+        .size   nocfi_realign, .-nocfi_realign
 
         .section .note.GNU-stack,"",@progbits

@@ -27,6 +27,7 @@ SAME = 0            # unchanged (or never mentioned)
 OFFSET = 1          # saved at CFA + n
 UNDEFINED = 2       # no value (the return address of the outermost frame)
 OTHER = 3           # in another register, an expression, val_offset...
+AT_RBP = 4          # saved at rbp + n: DW_CFA_expression DW_OP_breg6 n (GCC's stack realignment)
 
 # CFA kinds
 CFA_REG = 0         # reg + offset
@@ -236,8 +237,9 @@ def _run_program(prog: bytes, cie: _Cie, state: _State, initial: Optional[_State
         elif op in (0x10, 0x16):                    # expression, val_expression
             reg, pos = read_uleb(prog, pos)
             ln, pos = read_uleb(prog, pos)
+            expr = bytes(prog[pos:pos + ln])
             pos += ln
-            state.set_reg(reg, (OTHER, 0))
+            state.set_reg(reg, _expression_rule(expr) if op == 0x10 else (OTHER, 0))
         elif op == 0x11:                            # offset_extended_sf
             reg, pos = read_uleb(prog, pos)
             off, pos = read_sleb(prog, pos)
@@ -266,6 +268,16 @@ def _run_program(prog: bytes, cie: _Cie, state: _State, initial: Optional[_State
         else:
             raise EhFrameError(f"unknown CFA instruction {op:#x}")
     return state, loc
+
+
+def _expression_rule(expr: bytes) -> Tuple[int, int]:
+    """The rule of `DW_CFA_expression: REG (EXPR)`: saved at the address EXPR
+    computes.  Only `DW_OP_breg6 n` (rbp + n) is followed."""
+    if expr and expr[0] == 0x76:
+        off, end = read_sleb(expr, 1)
+        if end == len(expr):
+            return (AT_RBP, off)
+    return (OTHER, 0)
 
 
 def _initial_rule(initial: Optional[_State], reg: int) -> Tuple[int, int]:

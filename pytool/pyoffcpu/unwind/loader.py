@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from .. import symbols
+from .. import bpfdefs, symbols
 from ..elffile import ElfCache, default_cache, load_bias
 from ..bpfdefs import (MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER,  # noqa: F401
                        NST_INCOMPLETE, NST_TRUNCATED, NST_UNMAPPED)
@@ -53,7 +53,7 @@ def cflags(btf_path: Optional[str] = None) -> List[str]:
     if not enabled():
         return off
     from ..btf import VMLINUX_BTF, BtfError, member_offsets
-    fields = ("ip", "sp", "bp", "cs")
+    fields = ("ip", "sp", "bp", "bx", "cs")
     try:
         offs = dict(zip(fields, member_offsets(btf_path or VMLINUX_BTF,
                                                [("pt_regs", f) for f in fields])))
@@ -399,7 +399,8 @@ class NativeUnwinder:
 
     # -- stacks ---------------------------------------------------------------
     def stack(self, h: int, delete: bool = True) -> Optional[Tuple[List[int], int]]:
-        """(pcs innermost first, flags) of a walked stack; None if unknown."""
+        """(pcs innermost first, flags) of a walked stack; None if unknown
+        (flags: NST_* and, from bit 32, the frames of each method)."""
         k = self._nstacks.Key(h)
         try:
             v = self._nstacks[k]
@@ -407,7 +408,7 @@ class NativeUnwinder:
             return None
         n = min(v.depth, MAX_NATIVE_DEPTH)
         pcs = list(v.pcs[:n])
-        flags = v.flags
+        flags = bpfdefs.with_methods(v.flags, list(v.methods))
         self.stacks_read += 1
         if delete:
             # user space keeps it from now on; BPF re-adds it if it sees it again

@@ -14,12 +14,18 @@ prologue followed:
 - `mov %rsp, %rbp` after `push %rbp` sets a frame pointer: from there on
   the rows are rbp-based (CFA = rbp + 16), which survive a stack realignment
   (`and $-32, %rsp`) and pushes in the body;
-- anything else ends the prologue.
+- `mov %rsp, %rbx` keeps rsp in rbx before a realignment (OpenBLAS's GEMM
+  kernels): the rows are rbx-based (UR_RBX), which BPF follows in the leaf
+  frame only, where rbx is the sampled register;
+- an instruction that writes neither rsp nor rbp and does not jump leaves
+  the prologue going (compilers schedule loads and moves in between);
+  anything else ends it.
 
 The body keeps the last prologue rule along the straight line from the
 prologue, up to the first instruction that breaks it: one that writes rsp
 (a push, pop, add, sub, and, leave, ret...; a call gives back what it
-takes) for an rsp-based rule, one that writes rbp for an rbp-based one, or
+takes) for an rsp-based rule, one that writes rbp (rbx) for an rbp-based
+(rbx-based) one, or
 an unconditional jump (what follows may be reached at another depth;
 conditional jumps inside the function keep the depth).  A body that writes
 rbp when the caller's rbp was kept nowhere makes it unknown from there on
@@ -32,12 +38,13 @@ doubt stops the rule.
 """
 from __future__ import annotations
 
+import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from .. import bpfdefs
 
 UR_DERIVED = bpfdefs.value("UR_DERIVED")
-UR_RSP, UR_RBP, UR_INVALID = (bpfdefs.value(n) for n in ("UR_RSP", "UR_RBP", "UR_INVALID"))
+UR_RSP, UR_RBP, UR_RBX, UR_INVALID = (bpfdefs.value(n) for n in ("UR_RSP", "UR_RBP", "UR_RBX", "UR_INVALID"))
 RBP_LOST = bpfdefs.value("RBP_LOST")
 MAX_FUNCTION_BYTES = 1 << 20        # longer "functions" are not decoded (a symbol's size gone wrong)
 PROLOGUE_MAX = 24                   # instructions looked at for a prologue
@@ -58,6 +65,12 @@ def available() -> bool:
     return _capstone() is not None
 
 
+def enabled() -> bool:
+    """Prologue analysis is on unless PYOFFCPU_PROLOGUE=0 (for measuring what
+    it costs and buys: make bench case 14)."""
+    return os.environ.get("PYOFFCPU_PROLOGUE", "1") != "0"
+
+
 # Instructions that move rsp without naming it as their destination (a call
 # gives back what it takes: it keeps the caller's depth).
 IMPLICIT_RSP = frozenset({"push", "pushfq", "pushf", "pop", "popfq", "popf", "leave", "enter",
@@ -65,6 +78,8 @@ IMPLICIT_RSP = frozenset({"push", "pushfq", "pushf", "pop", "popfq", "popf", "le
 EXCHANGES = ("xchg", "xadd", "cmpxchg")
 RSP_NAMES = frozenset({"rsp", "esp", "sp", "spl"})
 RBP_NAMES = frozenset({"rbp", "ebp", "bp", "bpl"})
+RBX_NAMES = frozenset({"rbx", "ebx", "bx", "bl", "bh"})
+RBX_IMPLICIT = frozenset({"cpuid"})     # writes rbx without naming it
 ENDS = frozenset({"ret", "retf", "leave", "iretq", "iret", "iretd", "jmp", "ljmp", "ud2", "hlt"})
 GPRS = frozenset("rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15".split())
 
@@ -88,103 +103,223 @@ def _writes(m: str, ops: str, names: frozenset) -> bool:
     return False
 
 
-def function_rows(code: bytes, start: int, md=None) -> List[Row]:
-    """The rows of one function (its bytes at `start`), ending with an
-    invalid row where its rule stops holding; [] when nothing can be said."""
+# a state of the analysis: the rule before an instruction, (kind, cfa_off, rbp)
+State = Tuple[int, int, int]
+CONFLICT = (-1, 0, 0)                   # reached with two rules: no row, nor below it
+
+
+def function_rows(code: bytes, start: int, md=None, entries: Sequence[int] = (), fast: bool = True
+                  ) -> List[Row]:
+    """The rows of one function (its bytes at `start`): the rule before each
+    instruction, found by following the function's control flow from its
+    entry (and from `entries`, other symbols inside it, called as functions
+    too); UR_INVALID where it is not known.  fast=False takes every
+    instruction the slow way (the tests check both give the same rows)."""
     md = md or _capstone()
     if md is None:
         return []
-    rows: List[Row] = [(start, (UR_RSP | UR_DERIVED, 8, 0))]
-    cfa, rbp_at, framed = 8, 0, False
-    in_prologue = True
-    n = 0
-    decoded_to = start
+    insns = list(md.disasm_lite(code, start))
+    if not insns:
+        return []
     end = start + len(code)
-    for addr, size, m, ops in md.disasm_lite(code, start):
-        n += 1
-        decoded_to = addr + size        # where the rule of a prologue step starts
-        if in_prologue and n <= PROLOGUE_MAX:
-            moved = None                # the CFA offset after this step, if it moves it
-            if m in ("endbr64", "nop"):
-                continue
-            if m == "push" and ops in GPRS:
-                moved = cfa + 8
-                if ops == "rbp" and rbp_at == 0:
-                    rbp_at = -moved
-            elif m == "sub" and ops.startswith("rsp, "):
-                imm = _int(ops[5:].strip())
-                moved = None if imm is None else cfa + imm
-            elif m == "lea" and ops.startswith("rsp, [rsp"):
-                rest = ops[len("rsp, [rsp"):].strip()
-                disp = 0 if rest == "]" else _int(rest[:-1].replace(" ", "")) if rest.endswith("]") else None
-                moved = None if disp is None else cfa - disp
-            elif m == "mov" and ops == "rbp, rsp" and rbp_at == -cfa:
-                # rbp = the address of the saved rbp: CFA = rbp + cfa from here
-                # on, whatever rsp does; the prologue has nothing more to say
-                framed, in_prologue = True, False
-                rows.append((decoded_to, (UR_RBP | UR_DERIVED, cfa, rbp_at // 8)))
-                continue
+    starts = {a for a, _, _, _ in insns}
+    # every direct jump inside the function must land on an instruction the
+    # sweep decoded, and nothing may jump through a register or memory: else
+    # the control flow is not known and only the straight line is followed
+    follow = True
+    for a, size, m, ops in insns:
+        if m.startswith(("j", "loop")):
+            target = _int(ops.strip())
+            if target is None or start <= target < end and target not in starts:
+                follow = False
+    prologue = set()
+    for a, size, m, ops in insns[:PROLOGUE_MAX]:
+        if m.startswith(("j", "call", "loop")) or m in ENDS:
+            break
+        prologue.add(a)
+    at = {a: i for i, (a, _, _, _) in enumerate(insns)}
+    state: dict = {start: (UR_RSP, 8, 0)}
+    for e in entries:
+        if e != start and e in starts:
+            state[e] = (UR_RSP, 8, 0)
+        elif e != start:
+            return [(start, (UR_INVALID | UR_DERIVED, 0, 0))]  # an entry the sweep did not decode
+    work = list(state)
+    while work:
+        addr = work.pop()
+        st = state[addr]
+        a, size, m, ops = insns[at[addr]]
+        if fast and ops[:2] not in _MAYBE_FRAME_REG and m not in _SPECIAL and m[0] != "j" and \
+                not m.startswith(_SPECIAL_PREFIXES) and a not in prologue:
+            succ = [(a + size, st)]     # most instructions: the rule goes on unchanged
+        else:
+            succ = _successors(a, size, m, ops, st, start, end, follow, a in prologue)
+        for nxt, nst in succ:
+            if nxt not in at:
+                continue                # past the bytes decoded: no row
+            old = state.get(nxt)
+            if old is None:
+                state[nxt] = nst
+            elif old != nst and old != CONFLICT:
+                state[nxt] = CONFLICT
             else:
-                store = _frame_store(m, ops, cfa)
-                if store is not None:
-                    # `mov qword ptr [rsp + X], REG`: a callee-saved register kept
-                    # in the frame (as hand-written kernels do instead of pushes)
-                    if store[0] == "rbp" and rbp_at == 0:
-                        rbp_at = store[1] - cfa
-                        rows.append((decoded_to, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
-                    continue
-            if moved is not None:
-                cfa = moved
-                rows.append((decoded_to, (UR_RSP | UR_DERIVED, cfa, rbp_at // 8)))
                 continue
-        in_prologue = False
-        if cfa < 8 or cfa >= 32768:
-            return []                   # not a frame this table can say
-        if m.startswith("call"):
-            continue                    # gives back what it takes
-        # an unconditional jump ends the straight line from the prologue: what
-        # follows it may be reached with another stack depth; a jump out of
-        # the function is a tail call (its frame is gone)
-        if m in ENDS or m.startswith("j") and not _inside(ops, start, end):
-            return _stop(rows, addr)
-        if framed:
-            if m == "pop" and ops in RBP_NAMES or _writes(m, ops, RBP_NAMES):
-                return _stop(rows, addr)
-            continue
+            work.append(nxt)
+    rows: List[Row] = []
+    for a, size, m, ops in insns:
+        st = state.get(a)
+        enc = (UR_INVALID | UR_DERIVED, 0, 0) if st is None or st == CONFLICT else (st[0] | UR_DERIVED,) + st[1:]
+        if not rows or rows[-1][1] != enc:
+            rows.append((a, enc))
+    last = insns[-1]
+    if rows[-1][1][0] != UR_INVALID | UR_DERIVED:
+        rows.append((last[0] + last[1], (UR_INVALID | UR_DERIVED, 0, 0)))
+    return rows
+
+
+# The fast path of the analysis: an instruction whose first operand (its
+# destination) does not start like rsp/rbp/rbx or one of their parts, and
+# that is no stack, control or exchange instruction, keeps the rule (in the
+# prologue, a store of rbp into the frame does not: the slow path).
+_MAYBE_FRAME_REG = frozenset({"rs", "es", "sp", "rb", "eb", "bp", "bx", "bl", "bh"})
+_SPECIAL = IMPLICIT_RSP | ENDS | RBX_IMPLICIT | frozenset({"endbr64"})
+_SPECIAL_PREFIXES = ("call", "loop", "xchg", "xadd", "cmpxchg", "iret", "push", "pop")
+
+
+def _successors(a: int, size: int, m: str, ops: str, st: State, start: int, end: int,
+                follow: bool, in_prologue: bool) -> List[Tuple[int, State]]:
+    """The instructions after one (its address, the rule before it) along the
+    function's control flow, with the rule before each: CONFLICT where this
+    instruction loses the rule (an execution that goes on from here is at a
+    depth not known), none where the frame ends (ret, a tail call)."""
+    nxt = a + size
+    if m == "leave" and st != CONFLICT and st[0] == UR_RBP:
+        # mov %rbp, %rsp; pop %rbp: rsp back at the frame, rbp the caller's
+        # when it was pushed right above the frame (cfa - 8 below the CFA)
+        _, cfa, rbp = st
+        return [(nxt, (UR_RSP, cfa - 8, 0 if rbp != RBP_LOST and rbp * 8 == -cfa else RBP_LOST))]
+    if m in ENDS and m != "jmp":
+        return []                       # ret, ud2...: the frame ends here
+    if m.startswith(("j", "loop")):
+        if not follow:
+            return []                   # the control flow is not known: the straight line only
+        target = _int(ops.strip())
+        inside = target is not None and start <= target < end
+        if m == "jmp":
+            return [(target, st)] if inside else []     # else a tail call
+        return [(nxt, st)] + ([(target, st)] if inside else [])
+    if st == CONFLICT:
+        return [(nxt, CONFLICT)]
+    kind, cfa, rbp = st
+    if m.startswith("call"):
+        if _int(ops.strip()) == nxt:    # a call to the next instruction: a push (PIC code)
+            return [(nxt, (kind, cfa + 8, rbp) if kind == UR_RSP else st)]
+        return [(nxt, st)]              # gives back what it takes; rbp, rbx are callee-saved
+    new = _step(m, ops, kind, cfa, rbp, in_prologue)
+    if new is None or not 8 <= new[1] < 32768:
+        return [(nxt, CONFLICT)]        # not a rule this table can say from here
+    return [(nxt, new)]
+
+
+def _step(m: str, ops: str, kind: int, cfa: int, rbp: int, in_prologue: bool) -> Optional[State]:
+    """The rule after a straight-line instruction; None when it is lost."""
+    if kind == UR_RSP:
+        if m == "push":
+            cfa += 8
+            if ops == "rbp" and rbp == 0:
+                rbp = -cfa // 8         # the caller's rbp at CFA - cfa
+            return kind, cfa, rbp
+        if m in ("pushfq", "pushf"):
+            return kind, cfa + 8, rbp
+        if m in ("popfq", "popf"):
+            return kind, cfa - 8, rbp
+        if m == "pop":
+            if ops in RBP_NAMES:
+                if rbp in (0, RBP_LOST):
+                    rbp = RBP_LOST      # a value of the body's, not the caller's
+                elif rbp * 8 == -cfa:
+                    rbp = 0             # the caller's, from where it was pushed
+            elif ops in RSP_NAMES:
+                return None
+            return _moved(kind, cfa - 8, rbp)
+        if m in ("sub", "add") and ops.startswith("rsp, "):
+            imm = _int(ops[5:].strip())
+            if imm is None:
+                return None
+            return _moved(kind, cfa + imm if m == "sub" else cfa - imm, rbp)
+        if m == "lea" and ops.startswith("rsp, [rsp"):
+            rest = ops[len("rsp, [rsp"):].strip()
+            disp = 0 if rest == "]" else _int(rest[:-1].replace(" ", "")) if rest.endswith("]") else None
+            return None if disp is None else _moved(kind, cfa - disp, rbp)
+        slot = _frame_slot(m, ops, cfa, load=True)
+        if slot is not None and slot[0] == "rbp" and rbp not in (0, RBP_LOST):
+            # `mov rbp, qword ptr [rsp + X]`: from its slot, the caller's again
+            return kind, cfa, 0 if slot[1] - cfa == rbp * 8 else rbp
+        if m == "mov" and ops == "rbp, rsp":
+            # a frame pointer: CFA = rbp + cfa from here on, whatever rsp does
+            return UR_RBP, cfa, rbp if rbp != 0 else RBP_LOST
+        if m == "mov" and ops == "rbx, rsp":
+            # rsp kept in rbx before a realignment (OpenBLAS's GEMM kernels):
+            # BPF follows it in the leaf frame only, where rbx is sampled
+            return UR_RBX, cfa, rbp
         if m in IMPLICIT_RSP or _writes(m, ops, RSP_NAMES):
-            return _stop(rows, addr)
-        if rbp_at == 0 and rows[-1][1][2] != RBP_LOST and _writes(m, ops, RBP_NAMES):
-            # the body takes rbp for itself and the caller's was kept nowhere:
-            # from here on the caller's rbp is not known (a caller whose CFA is
-            # rbp-based then ends the walk, instead of being walked from garbage)
-            kind, off, _ = rows[-1][1]
-            if rows[-1][0] == addr:
-                rows.pop()              # a rule that would start here covers nothing
-            rows.append((addr, (kind, off, RBP_LOST)))
-    # the end, or the first bytes capstone could not decode: nothing after
-    return _stop(rows, decoded_to)
+            return None
+        if in_prologue:
+            store = _frame_slot(m, ops, cfa)
+            if store is not None and store[0] == "rbp" and rbp == 0:
+                # `mov qword ptr [rsp + X], rbp`: the caller's rbp kept in the frame
+                return kind, cfa, (store[1] - cfa) // 8
+    elif kind == UR_RBP:
+        if m == "mov" and ops == "rsp, rbp":
+            return UR_RSP, cfa, rbp     # rsp at the frame again
+        if m == "pop" and ops in RBP_NAMES or m == "enter" or _writes(m, ops, RBP_NAMES):
+            return None
+        return kind, cfa, rbp
+    elif kind == UR_RBX:
+        if m == "mov" and ops == "rsp, rbx":
+            return UR_RSP, cfa, rbp     # rsp back from its copy
+        if m in RBX_IMPLICIT or m == "pop" and ops in RBX_NAMES or _writes(m, ops, RBX_NAMES):
+            return None
+    if rbp == 0 and (m == "pop" and ops in RBP_NAMES or _writes(m, ops, RBP_NAMES)):
+        # the body takes rbp for itself and the caller's was kept nowhere: from
+        # here on it is not known (a caller whose CFA is rbp-based then ends
+        # the walk, instead of being walked from garbage)
+        rbp = RBP_LOST
+    return kind, cfa, rbp
 
 
-def _frame_store(m: str, ops: str, cfa: int) -> Optional[Tuple[str, int]]:
-    """(REG, X) for `mov qword ptr [rsp + X], REG` inside the frame."""
-    if m != "mov" or not ops.startswith("qword ptr [rsp"):
+def _may_end_prologue(m: str, ops: str) -> bool:
+    """Could this instruction change the rule or where the caller's rbp is
+    (a jump, a call, a write to rsp or rbp)?  The others leave the prologue
+    going: compilers schedule loads and moves in between its steps."""
+    return (m.startswith(("j", "call", "loop")) or m in ENDS or m in IMPLICIT_RSP
+            or _writes(m, ops, RSP_NAMES) or _writes(m, ops, RBP_NAMES))
+
+
+def _frame_slot(m: str, ops: str, cfa: int, load: bool = False) -> Optional[Tuple[str, int]]:
+    """(REG, X) for `mov qword ptr [rsp + X], REG` (load: `mov REG, qword
+    ptr [rsp + X]`) with X a slot of this frame below the return address."""
+    if m != "mov":
         return None
-    where, _, reg = ops.partition("], ")
-    if reg not in GPRS:
+    if load:
+        reg, _, where = ops.partition(", ")
+    else:
+        where, _, reg = ops.partition(", ")
+    if reg not in GPRS or not where.startswith("qword ptr [rsp") or not where.endswith("]"):
         return None
-    rest = where[len("qword ptr [rsp"):].replace(" ", "")
+    rest = where[len("qword ptr [rsp"):-1].replace(" ", "")
     x = 0 if rest == "" else _int(rest) if rest.startswith("+") else None
     if x is None or x < 0 or x % 8 or x + 8 > cfa - 8:
         return None                     # not a slot of this frame below the return address
     return reg, x
 
 
-def _stop(rows: List[Row], at: int) -> List[Row]:
-    """No row from `at` on (a rule that would start there covers nothing)."""
-    while rows and rows[-1][0] >= at:
-        rows.pop()
-    rows.append((at, (UR_INVALID | UR_DERIVED, 0, 0)))
-    return rows
+def _moved(kind: int, cfa: int, rbp: int) -> State:
+    """The rule after rsp moved up or down to `cfa`: a caller's rbp kept in a
+    slot rsp has left behind is no longer safe to read."""
+    if rbp not in (0, RBP_LOST) and -8 * rbp > cfa:
+        rbp = RBP_LOST
+    return kind, cfa, rbp
 
 
 def _inside(ops: str, start: int, end: int) -> bool:
@@ -226,7 +361,7 @@ def function_symbols(path: str, elf_cache=None) -> List[Tuple[int, int]]:
 
 
 def derived_rows(elf, fde_spans: Sequence[Tuple[int, int]],
-                 syms: Optional[List[Tuple[int, int]]] = None) -> List[Row]:
+                 syms: Optional[List[Tuple[int, int]]] = None, fast: bool = True) -> List[Row]:
     """Rows for every function of the ELF file (pyelftools ELFFile) that its
     symbols (syms: (start, size); None: read here) know and no FDE covers."""
     md = _capstone()
@@ -248,13 +383,28 @@ def derived_rows(elf, fde_spans: Sequence[Tuple[int, int]],
              if sec["sh_flags"] & 0x4 and sec["sh_type"] == "SHT_PROGBITS"]      # SHF_EXECINSTR
     data_of = {}
     rows: List[Row] = []
-    for start, size in funcs:
-        sec = next((t for t in texts if t[0] <= start and start + size <= t[1]), None)
+    for start, end, entries in _regions(funcs):
+        sec = next((t for t in texts if t[0] <= start and end <= t[1]), None)
         if sec is None:
             continue
         lo, _, s = sec
         if lo not in data_of:
             data_of[lo] = s.data()
-        code = data_of[lo][start - lo:start - lo + size]
-        rows.extend(function_rows(code, start, md))
+        code = data_of[lo][start - lo:end - lo]
+        rows.extend(function_rows(code, start, md, entries, fast))
     return rows
+
+
+def _regions(funcs: List[Tuple[int, int]]) -> List[Tuple[int, int, List[int]]]:
+    """(start, end, entries) of the functions, those that overlap (a second
+    entry symbol inside another's code) analysed as one region entered at
+    each of their starts: where a path from one entry meets another with
+    another rule, there is no row."""
+    out: List[Tuple[int, int, List[int]]] = []
+    for start, size in funcs:
+        if out and start < out[-1][1]:
+            s0, e0, entries = out[-1]
+            out[-1] = (s0, max(e0, start + size), entries + [start])
+        else:
+            out.append((start, start + size, [start]))
+    return out

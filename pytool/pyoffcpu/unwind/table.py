@@ -5,8 +5,10 @@ One table per object file: rows sorted by code address, each 8 bytes
 
     u32 pc        address - table base (base: the lowest FDE address, page aligned)
     s16 cfa_off   CFA = rsp/rbp + cfa_off
-    u8  kind      UR_INVALID / UR_RSP / UR_RBP / UR_PLT / UR_END
-    s8  rbp       rbp saved at CFA + 8*rbp (< 0), 0: unchanged, RBP_LOST: unknown;
+    u8  kind      UR_INVALID / UR_RSP / UR_RBP / UR_PLT / UR_END, UR_DRAP (CFA = the
+                  word at rbp + cfa_off), UR_RBX (CFA = rbx + cfa_off, leaf only)
+    s8  rbp       rbp saved at CFA + 8*rbp (< 0), 0: unchanged, RBP_LOST: unknown,
+                  RBP_AT_RBP: the word at this frame's rbp;
                   for UR_PLT: the threshold K of the PLT rule
                   CFA = rsp + cfa_off + ((pc & 15) >= K ? 8 : 0)
 
@@ -28,9 +30,10 @@ from .. import bpfdefs, cachedir
 from . import ehframe as E
 
 # the row kinds and limits BPF reads them with (bpf/unwind_defs.h)
-UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END, UR_DERIVED = (bpfdefs.value(n) for n in (
-    "UR_INVALID", "UR_RSP", "UR_RBP", "UR_PLT", "UR_END", "UR_DERIVED"))
-RBP_LOST = bpfdefs.value("RBP_LOST")
+UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END, UR_DRAP, UR_RBX, UR_DERIVED = (
+    bpfdefs.value(n) for n in ("UR_INVALID", "UR_RSP", "UR_RBP", "UR_PLT", "UR_END", "UR_DRAP",
+                               "UR_RBX", "UR_DERIVED"))
+RBP_LOST, RBP_AT_RBP = bpfdefs.value("RBP_LOST"), bpfdefs.value("RBP_AT_RBP")
 PAGE_SHIFT = 12
 PAGE = 1 << PAGE_SHIFT
 # struct unwind_row; rbp is written signed into its unsigned char (BPF reads it as signed char)
@@ -39,7 +42,8 @@ SEARCH_STEPS = bpfdefs.value("UNWIND_SEARCH_STEPS")    # halvings the BPF search
 MAX_ROWS_PER_PAGE = 1 << SEARCH_STEPS
 MIN_PAGE_SHIFT = 6
 
-KIND_NAMES = {UR_INVALID: "invalid", UR_RSP: "rsp", UR_RBP: "rbp", UR_PLT: "plt", UR_END: "end"}
+KIND_NAMES = {UR_INVALID: "invalid", UR_RSP: "rsp", UR_RBP: "rbp", UR_PLT: "plt", UR_END: "end",
+              UR_DRAP: "drap", UR_RBX: "rbx"}
 # (UR_DERIVED may be or-ed into a row's kind: from a prologue, not an FDE)
 
 
@@ -102,6 +106,15 @@ def _plt_threshold(expr: bytes) -> Optional[Tuple[int, int]]:
     return None
 
 
+def _drap_offset(expr: bytes) -> Optional[int]:
+    """N of the CFA rule `DW_OP_breg6 N; DW_OP_deref` (the word at rbp + N),
+    which GCC emits for a function that realigns its stack."""
+    if len(expr) < 3 or expr[0] != 0x76:
+        return None
+    off, pos = E.read_sleb(expr, 1)
+    return off if expr[pos:] == b"\x06" else None
+
+
 def encode_row(r: E.Row) -> Tuple[int, int, int]:
     """(kind, cfa_off, rbp) of one parsed row."""
     if r.ra[0] == E.UNDEFINED:
@@ -110,25 +123,33 @@ def encode_row(r: E.Row) -> Tuple[int, int, int]:
         plt = _plt_threshold(r.cfa_expr)
         if plt is not None and -32768 <= plt[0] < 32768 and r.ra == (E.OFFSET, -8):
             return (UR_PLT, plt[0], plt[1])
+        drap = _drap_offset(r.cfa_expr)
+        if drap is None or not -32768 <= drap < 32768 or r.ra != (E.OFFSET, -8):
+            return (UR_INVALID, 0, 0)
+        kind, cfa_off = UR_DRAP, drap
+    elif r.ra != (E.OFFSET, -8):
         return (UR_INVALID, 0, 0)
-    if r.ra != (E.OFFSET, -8):
-        return (UR_INVALID, 0, 0)
-    if r.cfa_reg == E.REG_RSP:
-        kind = UR_RSP
+    elif r.cfa_reg == E.REG_RSP:
+        kind, cfa_off = UR_RSP, r.cfa_off
     elif r.cfa_reg == E.REG_RBP:
-        kind = UR_RBP
+        kind, cfa_off = UR_RBP, r.cfa_off
     else:
         return (UR_INVALID, 0, 0)
-    if not -32768 <= r.cfa_off < 32768:
+    if not -32768 <= cfa_off < 32768:
         return (UR_INVALID, 0, 0)
     rk, ro = r.rbp
     if rk == E.SAME:
         rbp = 0
     elif rk == E.OFFSET and ro % 8 == 0 and -127 * 8 <= ro < 0:
         rbp = ro // 8
+    elif rk == E.AT_RBP and ro == 0 and kind == UR_DRAP:
+        # only where the CFA comes from rbp, so rbp is this frame's own: in
+        # the instruction after an epilogue's `pop %rbp` GCC's rule still
+        # says "at rbp" of a register that is the caller's already
+        rbp = RBP_AT_RBP
     else:
         rbp = RBP_LOST
-    return (kind, r.cfa_off, rbp)
+    return (kind, cfa_off, rbp)
 
 
 def build_table(fdes: Iterable[E.FdeTable], build_id: Optional[str] = None,
@@ -218,8 +239,16 @@ def table_from_elf(stream, path: Optional[str] = None, elf_cache=None) -> Unwind
             syms = prologue.function_symbols(path, elf_cache)
         except Exception:               # noqa: BLE001 - read them with pyelftools instead
             syms = None
-    derived = prologue.derived_rows(elf, [(f.pc_begin, f.pc_end) for f in fdes], syms)
+    derived = prologue.derived_rows(elf, [(f.pc_begin, f.pc_end) for f in fdes], syms) \
+        if prologue.enabled() else []
     return build_table(fdes, derived=derived)
+
+
+def _variant() -> str:
+    """What else a cached table depends on: tables built without prologue
+    analysis (PYOFFCPU_PROLOGUE=0) are cached apart."""
+    from . import prologue
+    return "" if prologue.enabled() else "noprologue:"
 
 
 def serialize(t: UnwindTable) -> bytes:
@@ -263,7 +292,8 @@ class TableCache:
     Key: the GNU build-id when the file has one, else (path, device, inode,
     size, mtime).  Disk files are written atomically and checked on read."""
 
-    VERSION = 3                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST
+    VERSION = 4                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST;
+                                        # 4: UR_DRAP, UR_RBX, RBP_AT_RBP
     MAX_FILES = 2048                    # past this, the least recently used half goes
 
     def __init__(self, directory: Optional[str] = "default"):
@@ -281,7 +311,7 @@ class TableCache:
             ident = f"bid:{build_id}"
         else:
             ident = f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-        return hashlib.sha256(f"v{TableCache.VERSION}:{ident}".encode()).hexdigest()[:32]
+        return hashlib.sha256(f"v{TableCache.VERSION}:{_variant()}{ident}".encode()).hexdigest()[:32]
 
     def get(self, path: str, build_id: Optional[str]) -> Optional[UnwindTable]:
         """The table of the ELF file at path (None: not an x86_64 ELF or unreadable)."""
@@ -312,7 +342,7 @@ class TableCache:
     def get_bytes(self, name: str, data: bytes, build_id: Optional[str]) -> Optional[UnwindTable]:
         """For in-memory images (the vDSO)."""
         import io
-        key = hashlib.sha256(f"v{self.VERSION}:mem:{name}:{build_id}".encode() + (
+        key = hashlib.sha256(f"v{self.VERSION}:{_variant()}mem:{name}:{build_id}".encode() + (
             b"" if build_id else hashlib.sha256(data).digest())).hexdigest()[:32]
         if key in self._mem:
             return self._mem[key]

@@ -15,6 +15,7 @@ from ..procfs import blocked_syscall
 from . import table as T
 
 from ..bpfdefs import MAX_NATIVE_DEPTH as MAX_DEPTH
+from ..bpfdefs import METHOD_FP, METHOD_PROLOGUE, METHOD_TABLE, METHODS, with_methods
 from ..bpfdefs import NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PROLOGUE, NST_TRUNCATED
 
 # (start, end, runtime address of table pc 0, table) per executable mapping
@@ -28,29 +29,40 @@ def blocked_registers(pid: int, tid: int) -> Optional[Tuple[int, int]]:
 
 
 def walk(regions: Sequence[Region], pc: int, sp: int, bp: Optional[int],
-         read_u64: Callable[[int], Optional[int]]) -> Tuple[List[int], int]:
-    """(pcs innermost first, NST_* flags), as bpf/unwind.h walks them."""
+         read_u64: Callable[[int], Optional[int]], bx: Optional[int] = None) -> Tuple[List[int], int]:
+    """(pcs innermost first, NST_* flags with the frames of each method), as
+    bpf/unwind.h walks them (bp, bx: the leaf's rbp and rbx, None when not
+    known)."""
+    pcs, flags, methods = _walk(regions, pc, sp, bp, read_u64, bx)
+    return pcs, with_methods(flags, methods)
+
+
+def _walk(regions, pc, sp, bp, read_u64, bx):
+    methods = [0] * METHODS
     regions = sorted(regions, key=lambda r: r[0])
     starts = [r[0] for r in regions]
     pcs: List[int] = []
     flags = 0
     while True:
         if len(pcs) >= MAX_DEPTH:
-            return pcs, flags | NST_TRUNCATED
+            return pcs, flags | NST_TRUNCATED, methods
         leaf = not pcs
         pcs.append(pc)
         lookup = pc if leaf else pc - 1
         i = bisect.bisect_right(starts, lookup) - 1
         region = regions[i] if i >= 0 and lookup < regions[i][1] else None
         rbp_at: Optional[int] = 0
+        method = METHOD_TABLE
+        bp_here = bp                    # this frame's rbp (RBP_AT_RBP reads the word there)
         if region is not None:
             _, _, base, table = region
             _, off, kind, rbp = table.lookup(lookup - base + table.base)
             if kind & T.UR_DERIVED:
                 kind &= ~T.UR_DERIVED
                 flags |= NST_PROLOGUE
+                method = METHOD_PROLOGUE
             if kind == T.UR_END:
-                return pcs, flags
+                return pcs, flags, methods
             if kind == T.UR_RSP:
                 cfa = sp + off
             elif kind == T.UR_RBP and bp is not None:
@@ -58,26 +70,36 @@ def walk(regions: Sequence[Region], pc: int, sp: int, bp: Optional[int],
             elif kind == T.UR_PLT:
                 cfa = sp + off + (8 if (lookup & 15) >= (rbp & 0xFF) else 0)
                 rbp = 0
+            elif kind == T.UR_DRAP and bp is not None:
+                cfa = read_u64(bp + off)
+                if cfa is None:
+                    return pcs, flags | NST_INCOMPLETE, methods
+            elif kind == T.UR_RBX and leaf and bx is not None:
+                cfa = bx + off
             else:
-                return pcs, flags | NST_INCOMPLETE
-            rbp_at = None if rbp == T.RBP_LOST else rbp * 8
+                return pcs, flags | NST_INCOMPLETE, methods
+            rbp_at = None if rbp == T.RBP_LOST else "at rbp" if rbp == T.RBP_AT_RBP else rbp * 8
         else:
             if bp is None or bp <= sp or bp - sp > (8 << 20):
-                return pcs, flags | NST_INCOMPLETE
+                return pcs, flags | NST_INCOMPLETE, methods
             flags |= NST_FRAMEPOINTER
+            method = METHOD_FP
             cfa = bp + 16
             rbp_at = -16
         if cfa <= sp and not leaf:
-            return pcs, flags | NST_INCOMPLETE
+            return pcs, flags | NST_INCOMPLETE, methods
         ra = read_u64(cfa - 8)
         if ra is None:
-            return pcs, flags | NST_INCOMPLETE
+            return pcs, flags | NST_INCOMPLETE, methods
         if rbp_at is None:
             bp = None
+        elif rbp_at == "at rbp":
+            bp = read_u64(bp_here)
         elif rbp_at:
             bp = read_u64(cfa + rbp_at)
         if ra == 0:
-            return pcs, flags
+            return pcs, flags, methods
+        methods[method] += 1
         pc, sp = ra, cfa
 
 
