@@ -29,9 +29,12 @@
  * and the sample or the off-CPU interval start is recorded by the last run.
  *
  * Per frame: find the mapping (binary search), the row (page index, then
- * binary search), compute CFA = rsp|rbp + offset, read the return address
- * at CFA-8 and the saved rbp if the row says where it is.  Code with no
- * table (JIT, a table that did not fit) is walked by frame pointer.
+ * binary search), compute the CFA (rsp or rbp + offset; the word at rbp +
+ * offset for a realigned stack, UR_DRAP; rbx + offset in the leaf, UR_RBX),
+ * read the return address at CFA-8 and the saved rbp if the row says where
+ * it is.  Code with no table (JIT, a table that did not fit) is walked by
+ * frame pointer.  Each caller frame is counted under the method that found
+ * it (native_stack.methods).
  *
  * Set by the loader with -D:
  *   PT_REGS_IP_OFF, PT_REGS_SP_OFF, PT_REGS_BP_OFF, PT_REGS_BX_OFF, PT_REGS_CS_OFF   (BTF)

@@ -1,40 +1,40 @@
-"""Unwind rows for functions no FDE covers, from their prologues.
+"""Unwind rows for functions no FDE covers, from their own instructions.
 
 Hand-written assembly (BLAS and GEMM kernels, vectorised math) often ships
 without CFI, so .eh_frame has nothing for it and every stack stops there.
 For each function the symbol tables know (.symtab, .dynsym: start and size)
-that no FDE touches, its instructions are decoded (capstone) and the
-prologue followed:
+that no FDE touches, its instructions are decoded (capstone, text-only
+mode: ten times faster than its detail mode) and its control flow followed
+from the entry, where CFA = rsp + 8.  Every instruction gets the rule in
+force before it (the row a pc there needs), from what the instructions on
+the way did:
 
-- `push REG`, `sub $N, %rsp`, `lea -N(%rsp), %rsp` move the CFA (rsp + 8 at
-  entry) by what they take from the stack; `push %rbp` records where the
-  caller's rbp is;
-- `mov REG, X(%rsp)` keeps a callee-saved register in the frame (for rbp:
-  where the caller's rbp is);
-- `mov %rsp, %rbp` after `push %rbp` sets a frame pointer: from there on
-  the rows are rbp-based (CFA = rbp + 16), which survive a stack realignment
-  (`and $-32, %rsp`) and pushes in the body;
-- `mov %rsp, %rbx` keeps rsp in rbx before a realignment (OpenBLAS's GEMM
-  kernels): the rows are rbx-based (UR_RBX), which BPF follows in the leaf
-  frame only, where rbx is the sampled register;
-- an instruction that writes neither rsp nor rbp and does not jump leaves
-  the prologue going (compilers schedule loads and moves in between);
-  anything else ends it.
+- `push`/`pop`, `sub`/`add $N, %rsp`, `lea N(%rsp), %rsp` move the CFA;
+  `push %rbp`, or `mov %rbp, X(%rsp)` in the prologue, records where the
+  caller's rbp is, and `pop %rbp` / `mov X(%rsp), %rbp` from there gives
+  it back;
+- `mov %rsp, %rbp` makes the rule rbp-based (CFA = rbp + N), which holds
+  whatever rsp does (`and $-32, %rsp`, pushes) until rbp is written;
+  `leave` and `mov %rbp, %rsp` make it rsp-based again;
+- `mov %rsp, %rbx` makes it rbx-based (UR_RBX, OpenBLAS's GEMM kernels,
+  which then align the stack to 4 KiB), followed by BPF in the leaf frame
+  only, where rbx is the sampled register; `mov %rbx, %rsp` gives it back;
+- a call keeps the rule (it gives back what it takes; rbp and rbx are
+  callee-saved); a direct jump inside the function carries it to its
+  target, a conditional one to both ways; `ret`, a jump out (a tail call)
+  and `ud2` end the path.
 
-The body keeps the last prologue rule along the straight line from the
-prologue, up to the first instruction that breaks it: one that writes rsp
-(a push, pop, add, sub, and, leave, ret...; a call gives back what it
-takes) for an rsp-based rule, one that writes rbp (rbx) for an rbp-based
-(rbx-based) one, or
-an unconditional jump (what follows may be reached at another depth;
-conditional jumps inside the function keep the depth).  A body that writes
-rbp when the caller's rbp was kept nowhere makes it unknown from there on
-(RBP_LOST): a caller whose CFA is rbp-based then ends the walk.  From that instruction to the
-function's end there is no row: the walk stops there, it never guesses.
-The rows are marked UR_DERIVED, so the unwinder can count the frames that
-needed them.  Decoding is capstone's text-only mode (ten times faster than
-its detail mode); what an instruction writes is read from its text, and a
-doubt stops the rule.
+An instruction reached by two paths with different rules, one after an
+instruction whose effect is not followed (another write to rsp, or to the
+frame register), and the code after it get no row (CONFLICT).  A function
+with a jump through a register or memory, or a direct jump to an address
+the linear sweep did not decode, is followed along its straight line only:
+its control flow is not known.  Code no path reaches, and bytes capstone
+cannot decode, get no row either: the walk stops there, it never guesses.
+A body that writes rbp when the caller's rbp was kept nowhere makes it
+unknown from there on (RBP_LOST): a caller whose CFA is rbp-based then
+ends the walk.  The rows are marked UR_DERIVED, so the unwinder can count
+the frames that needed them.
 """
 from __future__ import annotations
 
@@ -286,14 +286,6 @@ def _step(m: str, ops: str, kind: int, cfa: int, rbp: int, in_prologue: bool) ->
         # the walk, instead of being walked from garbage)
         rbp = RBP_LOST
     return kind, cfa, rbp
-
-
-def _may_end_prologue(m: str, ops: str) -> bool:
-    """Could this instruction change the rule or where the caller's rbp is
-    (a jump, a call, a write to rsp or rbp)?  The others leave the prologue
-    going: compilers schedule loads and moves in between its steps."""
-    return (m.startswith(("j", "call", "loop")) or m in ENDS or m in IMPLICIT_RSP
-            or _writes(m, ops, RSP_NAMES) or _writes(m, ops, RBP_NAMES))
 
 
 def _frame_slot(m: str, ops: str, cfa: int, load: bool = False) -> Optional[Tuple[str, int]]:
