@@ -147,6 +147,10 @@ def run(session, title: str, once: bool = False, stdscr=None, multi: bool = Fals
         w = live.window()
         if once:
             return "once", render(w, rec, title, view, sort, 200, 10 ** 6)
+        if batch.final and not w.functions and last:
+            # the target ended right after a refresh: the last one with time
+            # in it is what the user wants to see, not an empty interval
+            return (session.stop_reason or "ended"), last
         h, wd = stdscr.getmaxyx()
         last = render(w, rec, f"{title} [{refreshes}]", view, sort, max(20, wd - 1), max(10, h))
         stdscr.erase()
