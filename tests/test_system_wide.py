@@ -12,7 +12,11 @@ from conftest import (WORKLOADS, chroot_cmd, chroot_ns_cmd, chroot_workloads, en
                       python_or_skip, source_line, wait_for_recording)
 from pyoffcpu.profile import FrameKind, from_folded
 
-SPIN_S = 5.0
+# CPU seconds each spinner spins before it exits: more than any recording
+# here lasts (they are killed at the end); with 5 s, a start of -a that
+# built cold tables for every process's libraries (a cache version bump)
+# let the early spinners run out in the middle of the recording
+SPIN_S = 120.0
 RECORD_S = 4.0
 EXEC_LINES = {
     "spin": {source_line("execs.py", "# SPIN"), source_line("execs.py", "while time.thread_time() < end")},
