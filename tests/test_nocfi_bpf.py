@@ -2,7 +2,11 @@
 called from workloads/nocfi.c): the unwinder walks them from rows of
 prologue analysis.  Ground truth is the exact chain of each kernel call;
 it must be complete in >= 95% of the kernels' time, with no frame that is
-not on the real stack, on pyenv 3.9 / 3.11 / 3.13 and Debian's 3.11."""
+not on the real stack, on pyenv 3.9 / 3.11 / 3.13 and Debian's 3.11; and
+again with the library stripped (hidden symbols), where the kernels are
+code neither a symbol nor an FDE covers."""
+import bisect
+import dataclasses
 import os
 import re
 import subprocess
@@ -71,9 +75,76 @@ def test_kernels_without_cfi_keep_their_whole_chain(tmp_path, bpf, label, extens
         res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "3", "-F", "499", "--mode", "cpu")
     finally:
         w.stop()
+    check_chains(label, res, prof.weights)
+
+
+@pytest.fixture(scope="module")
+def stripped(tmp_path_factory):
+    """nocfi.so with hidden symbols, stripped: its kernels and C functions are
+    code no symbol names, the kernels with no FDE either (the gaps the
+    analysis enters where the code refers to them).  Returns (the stripped
+    file, its functions (start, end, name) from the same build unstripped:
+    the same addresses)."""
+    python = python_or_skip("pyenv-3.11")
+    inc = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    d = tmp_path_factory.mktemp("nocfi-stripped")
+    full, so = d / "nocfi.full.so", d / "nocfi.so"
+    subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-fvisibility=hidden", "-DNOCFI_HIDDEN", "-shared",
+                    "-fPIC", f"-I{inc}", "-o", str(full), os.path.join(WORKLOADS, "nocfi.c"),
+                    os.path.join(WORKLOADS, "nocfi_kernel.S"), "-lpthread"], check=True)
+    subprocess.run(["strip", "-s", "-o", str(so), str(full)], check=True)
+    nm = subprocess.run(["nm", "-S", "--defined-only", str(full)], capture_output=True, text=True,
+                        check=True).stdout
+    funcs = sorted((int(a, 16), int(a, 16) + int(n, 16), name) for a, n, t, name in
+                   (ln.split() for ln in nm.splitlines() if len(ln.split()) == 4) if t in "tT")
+    names = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
+    assert "nocfi_spin" not in names and "nf_middle" not in names, names
+    return str(so), funcs
+
+
+UNKNOWN = re.compile(r"^\[unknown\] nocfi\.so\+0x([0-9a-f]+)$")
+
+
+def named(frames, funcs):
+    """The frames with the stripped library's addresses named from the unstripped build."""
+    starts = [f[0] for f in funcs]
+    out = []
+    for f in frames:
+        m = UNKNOWN.match(f.name)
+        if m:
+            addr = int(m.group(1), 16)
+            i = bisect.bisect_right(starts, addr) - 1
+            if i >= 0 and addr < funcs[i][1]:
+                f = dataclasses.replace(f, name=funcs[i][2])
+        out.append(f)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("label", ["pyenv-3.11", "debian-3.11"])
+def test_stripped_kernels_keep_their_whole_chain(tmp_path, bpf, label, stripped):
+    """The same chains through the stripped build: the kernels have neither a
+    symbol nor an FDE, and are entered where the C code calls them."""
+    so, funcs = stripped
+    w = Workload(python_or_skip(label), "nocfi.py", so, 60)
+    try:
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "3", "-F", "499", "--mode", "cpu")
+    finally:
+        w.stop()
+    weights = {}
+    for key, ns in prof.weights.items():
+        k = dataclasses.replace(key, frames=named(key.frames, funcs))
+        weights[k] = weights.get(k, 0) + ns
+    check_chains(label + " stripped", res, weights)
+
+
+def check_chains(label, res, weights):
+    """Every stack through a kernel: its exact chain, complete in >= 95% of
+    the kernels' time, no false frame; the rbp kernel's walk ends at frames
+    it can prove."""
     total = complete = false = rbp_ns = 0
     by = {}
-    for key, ns in prof.weights.items():
+    for key, ns in weights.items():
         names = [f.name for f in key.frames]
         if RBP_KERNEL in names:
             rbp_ns += ns
@@ -102,7 +173,7 @@ def test_kernels_without_cfi_keep_their_whole_chain(tmp_path, bpf, label, extens
     assert complete >= 0.95 * total, (complete, total, by)
     assert by["nocfi_realign"][0] > 0.3e9 and by["nocfi_realign"][1] >= 0.95 * by["nocfi_realign"][0], by
     # the Python frames are above the main thread's kernels
-    py = [k for k in prof.weights if any(f.name == "spin_case" for f in k.frames)]
+    py = [k for k in weights if any(f.name == "spin_case" for f in k.frames)]
     assert py and any(f.name == "nocfi_spin" for k in py for f in k.frames)
     m = re.search(r"(\d+)% of the time needed rows from prologue analysis", res.stderr)
     assert m and int(m.group(1)) >= 50, res.stderr

@@ -86,6 +86,35 @@ def test_a_second_entry_inside_a_function_is_entered_with_its_own_rule():
         (0x100, 0x140, [0x100, 0x110]), (0x200, 0x220, [0x200])]
 
 
+# A gap of stripped code at S: f at 0 (push rbx; 1: dec rdi; 4 jnz 1; 6 pop rbx; 7 ret),
+# data at 8 (0x06 does not decode), g at 11 (nop; falls off the gap's end)
+GAP = bytes.fromhex("53 48ffcf 75fb 5b c3 060606 90")
+
+
+def gap(candidates):
+    return [(a - S, (k & ~D, off, rbp)) for a, (k, off, rbp) in PR.gap_rows(GAP, S, [S + c for c in candidates])]
+
+
+def test_a_gap_is_entered_only_where_every_path_returns_at_the_entry_depth():
+    f = [(0, (R, 8, 0)), (1, (R, 16, 0)), (7, (R, 8, 0)), (8, END)]
+    assert gap([0]) == f
+    # the loop head at 1 is at depth 16: entered there, f's ret would be at 0 (no exit at
+    # the entry depth), so it is no entry; data and a candidate that runs off the gap neither
+    assert gap([0, 1, 8, 11]) == f
+    assert gap([1, 8, 11]) == []
+
+
+def test_code_references_are_call_and_lea_targets_inside_gaps():
+    # call +0x10 at 0x100 -> 0x115; lea rax, [rip + 0x20] at 0x105 -> 0x12c; a call out of the gaps
+    code = bytes.fromhex("e8 10000000 488d05 20000000 e8 00100000") + bytes(0x40)
+
+    class Sec:
+        def data(self):
+            return code
+    refs = PR.code_references([(0x100, 0x100 + len(code), Sec())], [(0x110, 0x130)])
+    assert refs == [0x115, 0x12c], [hex(r) for r in refs]
+
+
 @pytest.mark.parametrize("name,code,rows_", [
     ("a jump out (tail call)", "53 e9 00100000", [(0, (R, 8, 0)), (1, (R, 16, 0)), (6, END)]),
     ("a call keeps the depth", "53 e8 00100000 90 5b c3",

@@ -18,8 +18,16 @@
  *       taken for a pointer of its own; a loop whose body jumps forward and
  *       back, so the rule must follow the control flow, not a straight line.
  */
+/* -DNOCFI_HIDDEN: hidden symbols, so that a stripped build names none of
+ * them (the kernels are then code no symbol and no FDE covers) */
+#ifdef NOCFI_HIDDEN
+#define EXPORT(f) .globl f; .hidden f
+#else
+#define EXPORT(f) .globl f
+#endif
+
         .text
-        .globl  nocfi_spin
+        EXPORT(nocfi_spin)
         .type   nocfi_spin, @function
         .p2align 4
 nocfi_spin:
@@ -42,7 +50,7 @@ nocfi_spin:
         ret
         .size   nocfi_spin, .-nocfi_spin
 
-        .globl  nocfi_call
+        EXPORT(nocfi_call)
         .type   nocfi_call, @function
         .p2align 4
 nocfi_call:
@@ -68,7 +76,7 @@ nocfi_call:
         ret
         .size   nocfi_call, .-nocfi_call
 
-        .globl  nocfi_rbp
+        EXPORT(nocfi_rbp)
         .type   nocfi_rbp, @function
         .p2align 4
 nocfi_rbp:
@@ -87,7 +95,7 @@ nocfi_rbp:
         ret
         .size   nocfi_rbp, .-nocfi_rbp
 
-        .globl  nocfi_realign
+        EXPORT(nocfi_realign)
         .type   nocfi_realign, @function
         .p2align 4
 nocfi_realign:

@@ -35,9 +35,20 @@ A body that writes rbp when the caller's rbp was kept nowhere makes it
 unknown from there on (RBP_LOST): a caller whose CFA is rbp-based then
 ends the walk.  The rows are marked UR_DERIVED, so the unwinder can count
 the frames that needed them.
+
+Code that neither a symbol nor an FDE covers (a stripped library's
+assembly, as ONNX Runtime's MLAS kernels) lies in the gaps between known
+code.  Its entries are not known, so it is entered where the library
+refers to it: call and RIP-relative lea targets found by their bytes, and
+the targets of its R_X86_64_RELATIVE relocations (function pointers).
+Each such candidate is taken only if, followed on its own, every path
+stays in the gap, decodes, reaches no conflict and no jump it cannot
+follow, and every exit (ret, a jump out) it reaches is at the entry
+depth (CFA = rsp + 8): gap_rows.
 """
 from __future__ import annotations
 
+import bisect
 import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
@@ -47,6 +58,8 @@ UR_DERIVED = bpfdefs.value("UR_DERIVED")
 UR_RSP, UR_RBP, UR_RBX, UR_INVALID = (bpfdefs.value(n) for n in ("UR_RSP", "UR_RBP", "UR_RBX", "UR_INVALID"))
 RBP_LOST = bpfdefs.value("RBP_LOST")
 MAX_FUNCTION_BYTES = 1 << 20        # longer "functions" are not decoded (a symbol's size gone wrong)
+MAX_GAP_BYTES = 16 << 20            # longer gaps between known code are not decoded
+MIN_GAP_BYTES = 16                  # shorter ones are padding
 PROLOGUE_MAX = 24                   # instructions looked at for a prologue
 
 # one derived row: (address, (kind, cfa_off, rbp))
@@ -108,73 +121,191 @@ State = Tuple[int, int, int]
 CONFLICT = (-1, 0, 0)                   # reached with two rules: no row, nor below it
 
 
-def function_rows(code: bytes, start: int, md=None, entries: Sequence[int] = (), fast: bool = True
-                  ) -> List[Row]:
-    """The rows of one function (its bytes at `start`): the rule before each
-    instruction, found by following the function's control flow from its
-    entry (and from `entries`, other symbols inside it, called as functions
-    too); UR_INVALID where it is not known.  fast=False takes every
-    instruction the slow way (the tests check both give the same rows)."""
+ENTRY: State = (UR_RSP, 8, 0)           # the rule at a function's entry
+MAX_RUN = 64                            # instructions decoded at once (_Decoder)
+
+
+class _Decoder:
+    """The instruction at each address of the code, decoded on demand (the
+    analysis decodes what control flow reaches: data between functions,
+    which a linear sweep would take for code, is never looked at)."""
+
+    def __init__(self, md, code: bytes, start: int):
+        self.md, self.code, self.start = md, code, start
+        self.insns: dict = {}           # address -> (size, mnemonic, operands)
+
+    def at(self, addr: int):
+        got = self.insns.get(addr)
+        if got is None:
+            off = addr - self.start
+            if not 0 <= off < len(self.code):
+                return None
+            for a, size, m, ops in self.md.disasm_lite(self.code[off:off + 16 * MAX_RUN], addr, MAX_RUN):
+                if a in self.insns:
+                    break               # decoded from here before: the same instructions
+                self.insns[a] = (size, m, ops)
+            got = self.insns.get(addr)
+        return got
+
+
+class _Unknown(Exception):
+    """The control flow cannot be followed: a jump through a register or
+    memory, or to bytes that do not decode."""
+
+
+def _traverse(dec: "_Decoder", start: int, end: int, entries: Sequence[int], entry: State,
+              fast: bool, follow: bool, prologue: set):
+    """Follow the control flow from the entries (each with the rule
+    `entry`; so is every call target inside [start, end)).  Returns (rule
+    before each instruction reached, the rules at the frame's exits: ret,
+    a jump out).  Raises _Unknown (when following jumps) as its doc says."""
+    state: dict = {}
+    exits: List[State] = []
+    work: List[int] = []
+
+    def reach(addr: int, st: State):
+        if dec.at(addr) is None:
+            return                      # does not decode (or lies outside): no row
+        old = state.get(addr)
+        if old is None:
+            state[addr] = st
+        elif old != st and old != CONFLICT:
+            state[addr] = CONFLICT
+        else:
+            return
+        work.append(addr)
+
+    for e in entries:
+        reach(e, entry)
+    while work:
+        a = work.pop()
+        st = state[a]
+        size, m, ops = dec.at(a)
+        if fast and ops[:2] not in _MAYBE_FRAME_REG and m not in _SPECIAL and m[0] != "j" and \
+                not m.startswith(_SPECIAL_PREFIXES) and a not in prologue:
+            reach(a + size, st)         # most instructions: the rule goes on unchanged
+            continue
+        target = _int(ops.strip())
+        if follow and m.startswith(("j", "loop")) and target is None:
+            raise _Unknown("a jump through a register or memory")
+        if m.startswith("call") and target is not None and start <= target < end and target != a + size:
+            reach(target, entry)        # a function of this code: entered as one
+        if m.startswith("ret") or m == "jmp" and target is not None and not start <= target < end:
+            exits.append(st)
+        for nxt, nst in _successors(a, size, m, ops, st, start, end, follow, a in prologue):
+            if start <= nxt < end:
+                if nxt != a + size and dec.at(nxt) is None:
+                    raise _Unknown("a jump to bytes that do not decode")
+                reach(nxt, nst)
+    return state, exits
+
+
+def _prologue(dec: "_Decoder", entries: Sequence[int]) -> set:
+    """The straight line after each entry, where stores into the frame count."""
+    out = set()
+    for e in entries:
+        addr = e
+        for _ in range(PROLOGUE_MAX):
+            got = dec.at(addr)
+            if got is None or got[1].startswith(("j", "call", "loop")) or got[1] in ENDS:
+                break
+            out.add(addr)
+            addr += got[0]
+    return out
+
+
+def function_rows(code: bytes, start: int, md=None, entries: Optional[Sequence[int]] = None,
+                  fast: bool = True, entry: State = ENTRY) -> List[Row]:
+    """The rows of the code at `start`: the rule before each instruction
+    control flow reaches from the entries (default: `start`, a function's
+    entry; more for symbols inside it, or the places a stripped library's
+    code is entered), where the rule is `entry`; calls to addresses inside
+    the code are entries too.  UR_INVALID where the rule is not known.
+    fast=False takes every instruction the slow way (the tests check both
+    give the same rows).  Where the control flow cannot be followed (_Unknown)
+    only the straight line from each entry is."""
     md = md or _capstone()
     if md is None:
         return []
-    insns = list(md.disasm_lite(code, start))
-    if not insns:
-        return []
     end = start + len(code)
-    starts = {a for a, _, _, _ in insns}
-    # every direct jump inside the function must land on an instruction the
-    # sweep decoded, and nothing may jump through a register or memory: else
-    # the control flow is not known and only the straight line is followed
-    follow = True
-    for a, size, m, ops in insns:
-        if m.startswith(("j", "loop")):
-            target = _int(ops.strip())
-            if target is None or start <= target < end and target not in starts:
-                follow = False
-    prologue = set()
-    for a, size, m, ops in insns[:PROLOGUE_MAX]:
-        if m.startswith(("j", "call", "loop")) or m in ENDS:
-            break
-        prologue.add(a)
-    at = {a: i for i, (a, _, _, _) in enumerate(insns)}
-    state: dict = {start: (UR_RSP, 8, 0)}
-    for e in entries:
-        if e != start and e in starts:
-            state[e] = (UR_RSP, 8, 0)
-        elif e != start:
-            return [(start, (UR_INVALID | UR_DERIVED, 0, 0))]  # an entry the sweep did not decode
-    work = list(state)
-    while work:
-        addr = work.pop()
-        st = state[addr]
-        a, size, m, ops = insns[at[addr]]
-        if fast and ops[:2] not in _MAYBE_FRAME_REG and m not in _SPECIAL and m[0] != "j" and \
-                not m.startswith(_SPECIAL_PREFIXES) and a not in prologue:
-            succ = [(a + size, st)]     # most instructions: the rule goes on unchanged
-        else:
-            succ = _successors(a, size, m, ops, st, start, end, follow, a in prologue)
-        for nxt, nst in succ:
-            if nxt not in at:
-                continue                # past the bytes decoded: no row
-            old = state.get(nxt)
-            if old is None:
-                state[nxt] = nst
-            elif old != nst and old != CONFLICT:
-                state[nxt] = CONFLICT
-            else:
-                continue
-            work.append(nxt)
+    entries = [start] if entries is None else sorted(set(entries))
+    dec = _Decoder(md, code, start)
+    prologue = _prologue(dec, entries)
+    try:
+        state, _ = _traverse(dec, start, end, entries, entry, fast, True, prologue)
+    except _Unknown:
+        state, _ = _traverse(dec, start, end, entries, entry, fast, False, prologue)
+    return _rows(state, dec, start)
+
+
+def _rows(state: dict, dec: "_Decoder", start: int) -> List[Row]:
+    """The table rows of an analysis: one where the rule changes, an invalid
+    one over bytes no path reaches; none at all where two instructions
+    reached overlap (not code the CPU runs this way)."""
+    none = (UR_INVALID | UR_DERIVED, 0, 0)
+    addrs = sorted(state)
+    if any(x + dec.at(x)[0] > y for x, y in zip(addrs, addrs[1:])):
+        return [(start, none)]
     rows: List[Row] = []
-    for a, size, m, ops in insns:
-        st = state.get(a)
-        enc = (UR_INVALID | UR_DERIVED, 0, 0) if st is None or st == CONFLICT else (st[0] | UR_DERIVED,) + st[1:]
+    after = start                       # where the last instruction reached ends
+    for a in addrs:
+        if a != after and (not rows or rows[-1][1] != none):
+            rows.append((after, none))  # bytes no path reaches
+        st = state[a]
+        enc = none if st == CONFLICT else (st[0] | UR_DERIVED,) + st[1:]
         if not rows or rows[-1][1] != enc:
             rows.append((a, enc))
-    last = insns[-1]
-    if rows[-1][1][0] != UR_INVALID | UR_DERIVED:
-        rows.append((last[0] + last[1], (UR_INVALID | UR_DERIVED, 0, 0)))
+        after = a + dec.at(a)[0]
+    if not rows or rows[-1][1] != none:
+        rows.append((after, none))
     return rows
+
+
+
+
+def gap_rows(code: bytes, start: int, candidates: Sequence[int], md=None, fast: bool = True) -> List[Row]:
+    """The rows of a gap of known code (bytes at `start`) entered at the
+    candidates that pass the entry check: followed from each on its own,
+    every path stays within the gap and decodes, reaches no conflict and
+    no jump it cannot follow, and every exit it reaches (ret, a jump out)
+    has the return address at rsp (CFA = rsp + 8) with at least one exit.
+    The depth at a candidate is then what it is at a function's entry,
+    whatever the candidate is: the exits' depth proves it.  A candidate is
+    an address the code calls or takes, so it is entered as a function is,
+    with the caller's rbp still in rbp (the ABI keeps it there at a
+    function's entry and exits)."""
+    md = md or _capstone()
+    if md is None:
+        return []
+    end = start + len(code)
+    dec = _Decoder(md, code, start)
+    good = []
+    for e in sorted(set(candidates)):
+        try:
+            state, exits = _traverse(dec, start, end, [e], ENTRY, fast, True, _prologue(dec, [e]))
+        except _Unknown:
+            continue
+        if (exits and CONFLICT not in state.values() and CONFLICT not in exits
+                and all(x[0] == UR_RSP and x[1] == 8 for x in exits)
+                and _stays_inside(state, dec, end)):
+            good.append(e)
+    if not good:
+        return []
+    try:
+        state, _ = _traverse(dec, start, end, good, ENTRY, fast, True, _prologue(dec, good))
+    except _Unknown:
+        return []
+    return _rows(state, dec, start)
+
+
+def _stays_inside(state: dict, dec: "_Decoder", end: int) -> bool:
+    """No instruction reached runs past the end of the gap, nor falls
+    through into what follows it."""
+    for a in state:
+        size, m, _ = dec.at(a)
+        if a + size > end or a + size == end and not (m in ENDS or m.startswith("ret")):
+            return False
+    return True
 
 
 # The fast path of the analysis: an instruction whose first operand (its
@@ -369,13 +500,25 @@ def derived_rows(elf, fde_spans: Sequence[Tuple[int, int]],
                 if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] and s["st_shndx"] != "SHN_UNDEF":
                     syms.append((s["st_value"], s["st_size"]))
     funcs = uncovered_functions(syms, fde_spans)
-    if not funcs:
-        return []
     texts = [(sec["sh_addr"], sec["sh_addr"] + sec["sh_size"], sec) for sec in elf.iter_sections()
              if sec["sh_flags"] & 0x4 and sec["sh_type"] == "SHT_PROGBITS"]      # SHF_EXECINSTR
+    regions = [(lo, hi, entries, False) for lo, hi, entries in _regions(funcs)]
+    # code no symbol and no FDE covers (a stripped library's assembly): its
+    # gaps, entered where the library refers to them (gap_rows checks each)
+    known = sorted(list(fde_spans) + [(a, a + n) for a, n in syms if n > 0])
+    gaps = [g for g in code_gaps([(t[0], t[1]) for t in texts], known) if g[1] - g[0] <= MAX_GAP_BYTES]
+    if gaps:
+        refs = sorted(set(function_pointers(elf)) | set(code_references(texts, gaps)))
+        for lo, hi in gaps:
+            i = bisect.bisect_left(refs, lo)
+            j = bisect.bisect_left(refs, hi)
+            if j > i:
+                regions.append((lo, hi, refs[i:j], True))
+    if not regions:
+        return []
     data_of = {}
     rows: List[Row] = []
-    for start, end, entries in _regions(funcs):
+    for start, end, entries, gap in sorted(regions):
         sec = next((t for t in texts if t[0] <= start and end <= t[1]), None)
         if sec is None:
             continue
@@ -383,8 +526,71 @@ def derived_rows(elf, fde_spans: Sequence[Tuple[int, int]],
         if lo not in data_of:
             data_of[lo] = s.data()
         code = data_of[lo][start - lo:end - lo]
-        rows.extend(function_rows(code, start, md, entries, fast))
+        rows.extend(gap_rows(code, start, entries, md, fast) if gap else
+                    function_rows(code, start, md, entries, fast))
     return rows
+
+
+def code_gaps(sections: Sequence[Tuple[int, int]], known: Sequence[Tuple[int, int]]
+              ) -> List[Tuple[int, int]]:
+    """The ranges of the executable sections that no known range (FDE,
+    function symbol) touches, of MIN_GAP_BYTES or more."""
+    out = []
+    for lo, hi in sections:
+        cur = lo
+        for a, b in known:
+            if b <= cur or a >= hi:
+                continue
+            if a - cur >= MIN_GAP_BYTES:
+                out.append((cur, a))
+            cur = max(cur, b)
+        if hi - cur >= MIN_GAP_BYTES:
+            out.append((cur, hi))
+    return out
+
+
+def code_references(texts, gaps: Sequence[Tuple[int, int]]) -> List[int]:
+    """Addresses inside the gaps that the code refers to: targets of
+    `call rel32` and of `lea REG, [rip + disp32]` (how position-independent
+    code takes a function's address, with no relocation), found by their
+    bytes anywhere in the executable sections.  A match may be no
+    instruction at all: gap_rows checks every address before it is taken."""
+    import re
+    import struct
+    lo_g, hi_g = gaps[0][0], gaps[-1][1]
+    starts = [g[0] for g in gaps]
+    out = set()
+    patterns = ((re.compile(rb"\xe8", re.S), 1, 5),
+                (re.compile(rb"[\x48\x4c]\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", re.S), 3, 7))
+    for base, _, sec in texts:
+        data = sec.data()
+        for pattern, at, size in patterns:
+            for m in pattern.finditer(data):
+                off = m.start()
+                if off + size > len(data):
+                    break
+                target = base + off + size + struct.unpack_from("<i", data, off + at)[0]
+                if lo_g <= target < hi_g:
+                    i = bisect.bisect_right(starts, target) - 1
+                    if i >= 0 and target < gaps[i][1]:
+                        out.add(target)
+    return sorted(out)
+
+
+def function_pointers(elf) -> List[int]:
+    """Sorted, the addresses R_X86_64_RELATIVE relocations put in the
+    library's data: the pointers it keeps to its own code (dispatch tables
+    of kernels chosen at run time, callbacks).  Read raw: a large C++
+    library has millions of relocations."""
+    import struct
+    out = set()
+    for sec in elf.iter_sections():
+        if sec["sh_type"] != "SHT_RELA" or sec["sh_entsize"] != 24:
+            continue
+        for _, info, addend in struct.iter_unpack("<QQq", sec.data()):
+            if info & 0xFFFFFFFF == 8:          # R_X86_64_RELATIVE
+                out.add(addend)
+    return sorted(out)
 
 
 def _regions(funcs: List[Tuple[int, int]]) -> List[Tuple[int, int, List[int]]]:

@@ -292,8 +292,8 @@ class TableCache:
     Key: the GNU build-id when the file has one, else (path, device, inode,
     size, mtime).  Disk files are written atomically and checked on read."""
 
-    VERSION = 4                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST;
-                                        # 4: UR_DRAP, UR_RBX, RBP_AT_RBP
+    VERSION = 5                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST;
+                                        # 4: UR_DRAP, UR_RBX, RBP_AT_RBP; 5: code no symbol covers
     MAX_FILES = 2048                    # past this, the least recently used half goes
 
     def __init__(self, directory: Optional[str] = "default"):
