@@ -1,6 +1,7 @@
 """Native stacks through numpy's OpenBLAS (hand-written GEMM kernels with no
 CFI) and its AVX-512 sort (GCC's realigned stacks: the CFA kept in the
-frame), in a venv the test builds from PyPI.  The workload
+frame), and through ONNX Runtime (MLAS kernels with neither CFI nor
+symbols), in venvs the tests build from PyPI.  The workload
 (workloads/numpy_mix.py) is issue 15's: a thread doing `a @ b` on 600x600
 matrices, a ThreadPoolExecutor sorting arrays, a JSON thread, and
 OpenBLAS's own worker threads.  Figures, each over the recording:
@@ -22,20 +23,30 @@ import pytest
 from conftest import Workload, python_or_skip, record_folded
 
 NUMPY = "numpy==2.4.6"      # pinned: the figures are about its OpenBLAS build
+ORT = ["onnxruntime==1.32.0", "onnx==1.23.2", NUMPY]
+
+
+def venv_with(tmp_path_factory, name, packages):
+    """pyenv 3.11 with the packages from PyPI, in a venv of this test run."""
+    base = python_or_skip("pyenv-3.11")
+    venv = tmp_path_factory.mktemp(name)
+    subprocess.run([base, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        pytest.skip(f"{' '.join(packages)} cannot be installed from PyPI: " + pip.stderr[-300:])
+    return python
 
 
 @pytest.fixture(scope="module")
 def numpy_python(tmp_path_factory):
-    """pyenv 3.11 with numpy from PyPI, in a venv of this test run."""
-    base = python_or_skip("pyenv-3.11")
-    venv = tmp_path_factory.mktemp("numpy-venv")
-    subprocess.run([base, "-m", "venv", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", NUMPY],
-                         capture_output=True, text=True)
-    if pip.returncode != 0:
-        pytest.skip(f"{NUMPY} cannot be installed from PyPI: " + pip.stderr[-300:])
-    return python
+    return venv_with(tmp_path_factory, "numpy-venv", [NUMPY])
+
+
+@pytest.fixture(scope="module")
+def ort_python(tmp_path_factory):
+    return venv_with(tmp_path_factory, "ort-venv", ORT)
 
 
 def has_avx2():
@@ -140,3 +151,29 @@ def _name_at(lib, addr, _cache={}):
         out = subprocess.run(["nm", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
         _cache[lib] = {int(ln.split()[0], 16): ln.split()[2] for ln in out.splitlines() if len(ln.split()) == 3}
     return _cache[lib].get(addr)
+
+
+def test_onnxruntime_kernels_without_symbols_or_cfi_keep_their_stacks(tmp_path, bpf, ort_python):
+    """ONNX Runtime's MLAS kernels: assembly in a stripped library, no symbol
+    and no FDE.  The analysis enters that code where the library calls it or
+    takes its address, and the inference thread's and the pool's stacks
+    reach the thread start.  Without the analysis (PYOFFCPU_PROLOGUE=0) the
+    same recording falls back for most of the Python time."""
+    w = Workload(ort_python, "ort_mix.py", 120)
+    try:
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", "4", "-F", "199", "--mode", "cpu")
+    finally:
+        w.stop()
+    total = whole = 0
+    for key, ns in prof.weights.items():
+        if key.off_cpu is None:
+            total += ns
+            whole += ns if [f.name for f in key.frames[:2]] == ["clone3", "start_thread"] else 0
+    fell = re.search(r"merge fell back for (\d+)%", res.stderr)
+    methods = re.search(r"native frames by how they were found[^\n]*", res.stderr)
+    print(f"\nonnxruntime: {whole / max(total, 1):.3f} of {total / 1e9:.2f} s on-CPU reach clone3;start_thread; "
+          f"merge fell back {fell.group(1) if fell else 0}%; {methods.group(0) if methods else ''}")
+    assert total > 3e9 and whole >= 0.90 * total, (whole, total)
+    assert fell is None or int(fell.group(1)) <= 2, res.stderr
+    share = re.search(r"prologue analysis ([\d.]+)%", methods.group(0)) if methods else None
+    assert share and float(share.group(1)) > 0, res.stderr
