@@ -27,6 +27,7 @@ import os
 from typing import Dict, List, Tuple
 
 from ..profile import FrameKind, Profile, off_cpu_marker
+from ..unwind.ehframe import read_uleb    # a protobuf varint is an unsigned LEB128
 
 KERNEL_MAPPING = "[kernel.kallsyms]"
 
@@ -218,20 +219,6 @@ def render_pprof(profile: Profile, threads: bool = True, full_paths: bool = Fals
 
 
 # -- reading ----------------------------------------------------------------------------
-def read_varint(data: bytes, i: int) -> Tuple[int, int]:
-    """(the unsigned varint at data[i], the index after it)."""
-    shift = v = 0
-    while True:
-        if i >= len(data):
-            raise ValueError("truncated varint")
-        c = data[i]
-        i += 1
-        v |= (c & 0x7F) << shift
-        if c < 0x80:
-            return v, i
-        shift += 7
-
-
 def _signed(v: int) -> int:
     return v - (1 << 64) if v >> 63 else v
 
@@ -242,13 +229,13 @@ def fields(data: bytes) -> Dict[int, list]:
     out: Dict[int, list] = {}
     i, n = 0, len(data)
     while i < n:
-        tag, i = read_varint(data, i)
+        tag, i = read_uleb(data, i)
         field, wire = tag >> 3, tag & 7
         if wire == 0:
-            v, i = read_varint(data, i)
+            v, i = read_uleb(data, i)
             out.setdefault(field, []).append(_signed(v))
         elif wire == 2:
-            ln, i = read_varint(data, i)
+            ln, i = read_uleb(data, i)
             if i + ln > n:
                 raise ValueError("truncated field")
             out.setdefault(field, []).append(data[i:i + ln])
@@ -269,7 +256,7 @@ def _ints(values: list) -> List[int]:
         if isinstance(v, bytes):
             j = 0
             while j < len(v):
-                x, j = read_varint(v, j)
+                x, j = read_uleb(v, j)
                 out.append(_signed(x))
         else:
             out.append(v)

@@ -14,7 +14,7 @@ The result is one `FdeTable` per FDE: the rows exactly as
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 # x86_64 DWARF register numbers
@@ -78,9 +78,13 @@ class _Cie:
 
 
 def read_uleb(data: bytes, pos: int) -> Tuple[int, int]:
+    """(the unsigned LEB128 at data[pos], the index after it): DWARF's, and
+    protobuf's varint (export/pprof.py reads with it too)."""
     result = 0
     shift = 0
     while True:
+        if pos >= len(data):
+            raise ValueError("truncated LEB128")
         b = data[pos]
         pos += 1
         result |= (b & 0x7F) << shift
