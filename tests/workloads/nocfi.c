@@ -47,59 +47,29 @@ KEEP unsigned long nf_callback(void)
     return n;
 }
 
-KEEP unsigned long nf_middle(double seconds)
-{
-    double end = now_s() + seconds;
-    unsigned long n = 0;
-    do {
-        n += nocfi_spin(2000000);
-        AFTER_CALL();
-    } while (now_s() < end);
-    return n;
-}
+/* The two C frames of a chain: MIDDLE calls the kernel (CALL) in a loop
+ * for `seconds`, OUTER calls MIDDLE. */
+#define CHAIN(attr, middle, outer, call)                        \
+    attr unsigned long middle(double seconds)                   \
+    {                                                           \
+        double end = now_s() + seconds;                         \
+        unsigned long n = 0;                                    \
+        do {                                                    \
+            n += call;                                          \
+            AFTER_CALL();                                       \
+        } while (now_s() < end);                                \
+        return n;                                               \
+    }                                                           \
+    attr unsigned long outer(double seconds)                    \
+    {                                                           \
+        unsigned long n = middle(seconds);                      \
+        AFTER_CALL();                                           \
+        return n + 1;                                           \
+    }
 
-KEEP unsigned long nf_outer(double seconds)
-{
-    unsigned long n = nf_middle(seconds);
-    AFTER_CALL();
-    return n + 1;
-}
-
-KEEP unsigned long nf_middle_cb(double seconds)
-{
-    double end = now_s() + seconds;
-    unsigned long n = 0;
-    do {
-        n += nocfi_call(200000, nf_callback);
-        AFTER_CALL();
-    } while (now_s() < end);
-    return n;
-}
-
-KEEP unsigned long nf_outer_cb(double seconds)
-{
-    unsigned long n = nf_middle_cb(seconds);
-    AFTER_CALL();
-    return n + 1;
-}
-
-FRAMED unsigned long nf_fp_middle(double seconds)
-{
-    double end = now_s() + seconds;
-    unsigned long n = 0;
-    do {
-        n += nocfi_rbp(2000000);
-        AFTER_CALL();
-    } while (now_s() < end);
-    return n;
-}
-
-FRAMED unsigned long nf_fp_outer(double seconds)
-{
-    unsigned long n = nf_fp_middle(seconds);
-    AFTER_CALL();
-    return n + 1;
-}
+CHAIN(KEEP, nf_middle, nf_outer, nocfi_spin(2000000))
+CHAIN(KEEP, nf_middle_cb, nf_outer_cb, nocfi_call(200000, nf_callback))
+CHAIN(FRAMED, nf_fp_middle, nf_fp_outer, nocfi_rbp(2000000))
 
 KEEP void nf_args(volatile double *buf, long a, long b, long c, long d, long e, long f, long g)
 {
@@ -108,7 +78,7 @@ KEEP void nf_args(volatile double *buf, long a, long b, long c, long d, long e, 
 
 /* A 64-byte aligned local and a call with arguments on the stack: GCC
  * realigns the stack with a DRAP register and describes the CFA as the
- * word at rbp - 8 (DW_CFA_def_cfa_expression; the build checks it). */
+ * word at rbp - N (DW_CFA_def_cfa_expression; DW_OP_deref). */
 KEEP unsigned long nf_drap(double seconds, long a, long b, long c, long d, long e, long f, long g)
 {
     volatile double buf[8] __attribute__((aligned(64)));
