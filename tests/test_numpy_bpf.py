@@ -141,16 +141,12 @@ def test_openblas_functions_without_cfi_get_rows_and_the_fast_path_changes_none(
     print(f"\n{os.path.basename(lib)}: {len(funcs)} functions without an FDE, {total} bytes, "
           f"{100 * covered / total:.1f}% with rows")
     assert covered >= 0.99 * total
-    start, size = next((s, n) for s, n in syms if _name_at(lib, s) == "dgemm_kernel_HASWELL")
+    nm = subprocess.run(["nm", "-S", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+    start, size = next((int(a, 16), int(n, 16)) for a, n, _, name in
+                       (ln.split() for ln in nm.splitlines() if len(ln.split()) == 4)
+                       if name == "dgemm_kernel_HASWELL")
     mine = [r for r in rows if start <= r[0] < start + size]
     assert mine[-1][0] >= start + size - 16 and any(k & ~PR.UR_DERIVED == PR.UR_RBX for _, (k, _, _) in mine)
-
-
-def _name_at(lib, addr, _cache={}):
-    if lib not in _cache:
-        out = subprocess.run(["nm", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
-        _cache[lib] = {int(ln.split()[0], 16): ln.split()[2] for ln in out.splitlines() if len(ln.split()) == 3}
-    return _cache[lib].get(addr)
 
 
 def test_onnxruntime_kernels_without_symbols_or_cfi_keep_their_stacks(tmp_path, bpf, ort_python):
