@@ -51,9 +51,9 @@ def _walk(regions, pc, sp, bp, read_u64, bx):
         lookup = pc if leaf else pc - 1
         i = bisect.bisect_right(starts, lookup) - 1
         region = regions[i] if i >= 0 and lookup < regions[i][1] else None
-        rbp_at: Optional[int] = 0
+        rbp_at: Optional[int] = 0       # the caller's rbp at CFA + rbp_at; 0: unchanged; None: lost
+        at_rbp = False                  # ... or the word at this frame's rbp (RBP_AT_RBP)
         method = METHOD_TABLE
-        bp_here = bp                    # this frame's rbp (RBP_AT_RBP reads the word there)
         if region is not None:
             _, _, base, table = region
             _, off, kind, rbp = table.lookup(lookup - base + table.base)
@@ -78,7 +78,8 @@ def _walk(regions, pc, sp, bp, read_u64, bx):
                 cfa = bx + off
             else:
                 return pcs, flags | NST_INCOMPLETE, methods
-            rbp_at = None if rbp == T.RBP_LOST else "at rbp" if rbp == T.RBP_AT_RBP else rbp * 8
+            at_rbp = rbp == T.RBP_AT_RBP
+            rbp_at = None if rbp == T.RBP_LOST else 0 if at_rbp else rbp * 8
         else:
             if bp is None or bp <= sp or bp - sp > (8 << 20):
                 return pcs, flags | NST_INCOMPLETE, methods
@@ -93,8 +94,8 @@ def _walk(regions, pc, sp, bp, read_u64, bx):
             return pcs, flags | NST_INCOMPLETE, methods
         if rbp_at is None:
             bp = None
-        elif rbp_at == "at rbp":
-            bp = read_u64(bp_here)
+        elif at_rbp:
+            bp = read_u64(bp)
         elif rbp_at:
             bp = read_u64(cfa + rbp_at)
         if ra == 0:
