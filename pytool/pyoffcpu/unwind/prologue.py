@@ -153,10 +153,10 @@ class _Unknown(Exception):
     memory, or to bytes that do not decode."""
 
 
-def _traverse(dec: "_Decoder", start: int, end: int, entries: Sequence[int], entry: State,
+def _traverse(dec: "_Decoder", start: int, end: int, entries: Sequence[int],
               fast: bool, follow: bool, prologue: set):
-    """Follow the control flow from the entries (each with the rule
-    `entry`; so is every call target inside [start, end)).  Returns (rule
+    """Follow the control flow from the entries (each with the rule ENTRY;
+    so is every call target inside [start, end)).  Returns (rule
     before each instruction reached, the rules at the frame's exits: ret,
     a jump out).  Raises _Unknown (when following jumps) as its doc says."""
     state: dict = {}
@@ -176,7 +176,7 @@ def _traverse(dec: "_Decoder", start: int, end: int, entries: Sequence[int], ent
         work.append(addr)
 
     for e in entries:
-        reach(e, entry)
+        reach(e, ENTRY)
     while work:
         a = work.pop()
         st = state[a]
@@ -189,7 +189,7 @@ def _traverse(dec: "_Decoder", start: int, end: int, entries: Sequence[int], ent
         if follow and m.startswith(("j", "loop")) and target is None:
             raise _Unknown("a jump through a register or memory")
         if m.startswith("call") and target is not None and start <= target < end and target != a + size:
-            reach(target, entry)        # a function of this code: entered as one
+            reach(target, ENTRY)        # a function of this code: entered as one
         if m.startswith("ret") or m == "jmp" and target is not None and not start <= target < end:
             exits.append(st)
         for nxt, nst in _successors(a, size, m, ops, st, start, end, follow, a in prologue):
@@ -215,11 +215,11 @@ def _prologue(dec: "_Decoder", entries: Sequence[int]) -> set:
 
 
 def function_rows(code: bytes, start: int, md=None, entries: Optional[Sequence[int]] = None,
-                  fast: bool = True, entry: State = ENTRY) -> List[Row]:
+                  fast: bool = True) -> List[Row]:
     """The rows of the code at `start`: the rule before each instruction
     control flow reaches from the entries (default: `start`, a function's
     entry; more for symbols inside it, or the places a stripped library's
-    code is entered), where the rule is `entry`; calls to addresses inside
+    code is entered), where the rule is ENTRY; calls to addresses inside
     the code are entries too.  UR_INVALID where the rule is not known.
     fast=False takes every instruction the slow way (the tests check both
     give the same rows).  Where the control flow cannot be followed (_Unknown)
@@ -232,9 +232,9 @@ def function_rows(code: bytes, start: int, md=None, entries: Optional[Sequence[i
     dec = _Decoder(md, code, start)
     prologue = _prologue(dec, entries)
     try:
-        state, _ = _traverse(dec, start, end, entries, entry, fast, True, prologue)
+        state, _ = _traverse(dec, start, end, entries, fast, True, prologue)
     except _Unknown:
-        state, _ = _traverse(dec, start, end, entries, entry, fast, False, prologue)
+        state, _ = _traverse(dec, start, end, entries, fast, False, prologue)
     return _rows(state, dec, start)
 
 
@@ -261,8 +261,6 @@ def _rows(state: dict, dec: "_Decoder", start: int) -> List[Row]:
     return rows
 
 
-
-
 def gap_rows(code: bytes, start: int, candidates: Sequence[int], md=None, fast: bool = True) -> List[Row]:
     """The rows of a gap of known code (bytes at `start`) entered at the
     candidates that pass the entry check: followed from each on its own,
@@ -282,7 +280,7 @@ def gap_rows(code: bytes, start: int, candidates: Sequence[int], md=None, fast: 
     good = []
     for e in sorted(set(candidates)):
         try:
-            state, exits = _traverse(dec, start, end, [e], ENTRY, fast, True, _prologue(dec, [e]))
+            state, exits = _traverse(dec, start, end, [e], fast, True, _prologue(dec, [e]))
         except _Unknown:
             continue
         if (exits and CONFLICT not in state.values() and CONFLICT not in exits
@@ -292,7 +290,7 @@ def gap_rows(code: bytes, start: int, candidates: Sequence[int], md=None, fast: 
     if not good:
         return []
     try:
-        state, _ = _traverse(dec, start, end, good, ENTRY, fast, True, _prologue(dec, good))
+        state, _ = _traverse(dec, start, end, good, fast, True, _prologue(dec, good))
     except _Unknown:
         return []
     return _rows(state, dec, start)
@@ -313,8 +311,8 @@ def _stays_inside(state: dict, dec: "_Decoder", end: int) -> bool:
 # that is no stack, control or exchange instruction, keeps the rule (in the
 # prologue, a store of rbp into the frame does not: the slow path).
 _MAYBE_FRAME_REG = frozenset({"rs", "es", "sp", "rb", "eb", "bp", "bx", "bl", "bh"})
-_SPECIAL = IMPLICIT_RSP | ENDS | RBX_IMPLICIT | frozenset({"endbr64"})
-_SPECIAL_PREFIXES = ("call", "loop", "xchg", "xadd", "cmpxchg", "iret", "push", "pop")
+_SPECIAL = IMPLICIT_RSP | ENDS | RBX_IMPLICIT
+_SPECIAL_PREFIXES = ("call", "loop", "iret", "push", "pop") + EXCHANGES
 
 
 def _successors(a: int, size: int, m: str, ops: str, st: State, start: int, end: int,
@@ -486,7 +484,8 @@ def function_symbols(path: str, elf_cache=None) -> List[Tuple[int, int]]:
 def derived_rows(elf, fde_spans: Sequence[Tuple[int, int]],
                  syms: Optional[List[Tuple[int, int]]] = None, fast: bool = True) -> List[Row]:
     """Rows for every function of the ELF file (pyelftools ELFFile) that its
-    symbols (syms: (start, size); None: read here) know and no FDE covers."""
+    symbols (syms: (start, size); None: read here) know and no FDE covers,
+    and for the code in the gaps neither covers (gap_rows)."""
     md = _capstone()
     if md is None:
         return []
