@@ -321,6 +321,25 @@ def test_serialization_round_trip_and_disk_cache(tmp_path):
     assert c3.built == 1
 
 
+def test_tables_without_prologue_analysis_are_cached_apart(tmp_path, monkeypatch):
+    """The same file (the same build id) with PYOFFCPU_PROLOGUE=0 and without:
+    each setting builds its own table once, and never reads the other's
+    (the fixture's kernels have derived rows only with the analysis)."""
+    so = tmp_path / "k.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(so),
+                    os.path.join(os.path.dirname(__file__), "workloads", "nocfi_kernel.S")], check=True)
+    derived = lambda t: sum(1 for i in range(t.nrows) if t.row(i)[2] & T.UR_DERIVED)   # noqa: E731
+    cache_dir = str(tmp_path / "cache")
+    with_rows = T.TableCache(cache_dir).get(str(so), "cafe")
+    monkeypatch.setenv("PYOFFCPU_PROLOGUE", "0")
+    c = T.TableCache(cache_dir)
+    without = c.get(str(so), "cafe")
+    assert c.built == 1 and c.loaded == 0 and derived(without) == 0 < derived(with_rows)
+    monkeypatch.delenv("PYOFFCPU_PROLOGUE")
+    c = T.TableCache(cache_dir)
+    assert derived(c.get(str(so), "cafe")) == derived(with_rows) and c.loaded == 1
+
+
 def test_cache_dir_writable_by_others_is_not_used(tmp_path):
     d = tmp_path / "open"
     d.mkdir()
