@@ -6,7 +6,21 @@ PY := $(VENV)/bin/python
 SYSTEM_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench root clean
+.PHONY: install demo test bench root clean helper
+
+# The compiled helper (pytool/pyoffcpu/helper/): the unwind tables and symbol
+# indexes of a target's libraries, linked against the venv's own capstone (the
+# same decoder the Python side uses, so both give the same rows).
+HELPER_DIR := pytool/pyoffcpu/helper
+HELPER := $(HELPER_DIR)/pyoffcpu-elf
+HELPER_SRC := $(wildcard $(HELPER_DIR)/*.c $(HELPER_DIR)/*.h)
+CAPSTONE_DIR = $(shell $(PY) -c 'import capstone, os; print(os.path.dirname(capstone.__file__))')
+
+$(HELPER): $(HELPER_SRC) $(VENV)/.installed
+	$(CC) -O2 -g -Wall -Wextra -std=gnu11 -I$(CAPSTONE_DIR)/include -o $@ $(filter %.c,$(HELPER_SRC)) \
+		-L$(CAPSTONE_DIR)/lib -lcapstone -Wl,-rpath,$(CAPSTONE_DIR)/lib
+
+helper: $(HELPER)
 
 root:
 	@[ "$$(id -u)" = 0 ] || { echo "make: pyoffcpu needs root: run 'sudo make $(or $(MAKECMDGOALS),install)'" >&2; exit 1; }
@@ -23,6 +37,7 @@ $(VENV)/.installed: pyproject.toml
 install: root
 	tools/setup-system.sh
 	@$(MAKE) --no-print-directory $(VENV)/.installed
+	@$(MAKE) --no-print-directory helper
 	@$(PY) -m compileall -q pytool/pyoffcpu
 	@echo "pyoffcpu installed: $(VENV)/bin/pyoffcpu"
 
@@ -34,6 +49,7 @@ DEMO_DBG = $(or $(shell $(SYSTEM_PYTHON) -c 'import sys; print("python%d.%d-dbg"
 demo: root
 	tools/setup-system.sh $(DEMO_DBG)
 	@$(MAKE) --no-print-directory $(VENV)/.installed
+	@$(MAKE) --no-print-directory helper
 	$(VENV)/bin/pyoffcpu -o demo.svg -- $(PY) tools/demo_app.py 6
 	@echo "open demo.svg in a browser"
 
@@ -43,6 +59,7 @@ test: root
 	tools/setup-system.sh chromium python3.11-dbg wget golang-go tmux
 	tools/build-chroot.sh
 	@$(MAKE) --no-print-directory $(VENV)/.installed
+	@$(MAKE) --no-print-directory helper
 	$(PY) -m pytest -v -rs $(PYTEST_ARGS) tests
 
 # make bench [BENCH_REV=HEAD] [BENCH_LONG_S=600] [BENCH_PAIRS=7] [BENCH_ARGS="--cases 1,5"]: see tools/bench/run.py
@@ -50,4 +67,4 @@ bench: install
 	$(PY) tools/bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo.svg
+	rm -rf $(VENV) build *.egg-info demo.svg $(HELPER)

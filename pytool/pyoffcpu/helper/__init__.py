@@ -1,0 +1,153 @@
+"""pyoffcpu-elf, the compiled helper (main.c): the heavy work on a target's
+ELF files in a process of its own.
+
+A job gives the helper one file, opened here (a regular file, without
+blocking: a FIFO planted at a mapped path never hangs pyoffcpu) as its
+standard input, and takes its standard output from an unnamed temporary
+file, so the helper never waits for pyoffcpu to read.  Its limits bound what
+a file built to exhaust it can take: CPU seconds, address space, and the
+wall time `Job.poll` allows before it kills it.  Its memory leaves with it.
+
+`make install` builds the binary; without it (no compiler) `available()` is
+False and callers do the same work in Python, more slowly.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import resource
+import signal
+import subprocess
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+BINARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyoffcpu-elf")
+CPU_LIMIT_S = 300                   # a helper that computes longer is looping
+MEMORY_LIMIT = 4 << 30              # address space (the file itself is mapped)
+WALL_LIMIT_S = 600.0
+
+
+class HelperError(Exception):
+    """The helper could not do the job: its one-line reason."""
+
+
+def available() -> bool:
+    return os.access(BINARY, os.X_OK)
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file at path, opened without
+    blocking (O_NONBLOCK: a FIFO there is opened, then refused, never
+    waited on).  Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        import stat
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _limits():
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S, CPU_LIMIT_S))
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # pyoffcpu's Ctrl-C is pyoffcpu's
+
+
+class Job:
+    """One run of the helper on one file (started at once)."""
+
+    def __init__(self, args: Sequence[str], path: str, extra_paths: Sequence[str] = (),
+                 wall_limit_s: float = WALL_LIMIT_S):
+        self.args = list(args)
+        self.path = path
+        self.started = time.monotonic()
+        self.wall_limit_s = wall_limit_s
+        self.error: Optional[str] = None
+        self._out = tempfile.TemporaryFile()
+        self._err = tempfile.TemporaryFile()
+        fds: List[int] = []
+        try:
+            fds.append(open_regular(path))
+            for p in extra_paths:
+                fds.append(open_regular(p))
+            # extra files: the helper gets their descriptor numbers as arguments
+            self._proc = subprocess.Popen(
+                [BINARY] + self.args + [str(fd) for fd in fds[1:]],
+                stdin=fds[0], stdout=self._out, stderr=self._err, close_fds=True,
+                pass_fds=fds[1:], preexec_fn=_limits)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.pid = self._proc.pid
+
+    def poll(self) -> Optional[bool]:
+        """None while it runs; True when it finished well, False when it
+        failed (self.error says why) or ran past its wall limit."""
+        rc = self._proc.poll()
+        if rc is None:
+            if time.monotonic() - self.started > self.wall_limit_s:
+                self.kill()
+                self.error = f"took over {self.wall_limit_s:.0f} s"
+                return False
+            return None
+        if rc != 0:
+            self._err.seek(0)
+            msg = self._err.read(400).decode("utf-8", "replace").strip().splitlines()
+            self.error = msg[-1] if msg else (f"killed by signal {-rc}" if rc < 0 else f"exit {rc}")
+            return False
+        return True
+
+    def wait(self) -> bool:
+        """Block until it ends (within its wall limit)."""
+        left = self.wall_limit_s - (time.monotonic() - self.started)
+        try:
+            self._proc.wait(timeout=max(0.0, left))
+        except subprocess.TimeoutExpired:
+            pass
+        ok = self.poll()
+        if ok is None:
+            self.kill()
+            self.error = f"took over {self.wall_limit_s:.0f} s"
+            return False
+        return ok
+
+    def output(self) -> mmap.mmap:
+        """What it wrote (after poll() or wait() said True), mapped read-only."""
+        size = os.fstat(self._out.fileno()).st_size
+        if size == 0:
+            raise HelperError("no output")
+        return mmap.mmap(self._out.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ)
+
+    def output_bytes(self) -> bytes:
+        self._out.seek(0)
+        return self._out.read()
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.kill()
+            except OSError:
+                pass
+            self._proc.wait()
+
+    def close(self) -> None:
+        self.kill()
+        self._out.close()
+        self._err.close()
+
+
+def run(args: Sequence[str], path: str, extra_paths: Sequence[str] = (),
+        wall_limit_s: float = WALL_LIMIT_S) -> bytes:
+    """Run one job to its end; its output.  Raises HelperError, OSError."""
+    job = Job(args, path, extra_paths, wall_limit_s)
+    try:
+        if not job.wait():
+            raise HelperError(job.error or "failed")
+        return job.output_bytes()
+    finally:
+        job.close()
