@@ -1,6 +1,7 @@
 #include "elf.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -36,7 +37,20 @@ int elf_open_fd(struct elf_file *f, int fd, char *err, size_t errlen)
     unsigned shnum = f->eh->e_shnum;
     if (shoff && shnum && f->eh->e_shentsize == sizeof(Elf64_Shdr)
             && shoff <= f->size && (uint64_t)shnum * sizeof(Elf64_Shdr) <= f->size - shoff) {
-        f->sh = (const Elf64_Shdr *)(f->data + shoff);
+        if (shoff % _Alignof(Elf64_Shdr) == 0) {
+            f->sh = (const Elf64_Shdr *)(f->data + shoff);
+        } else {
+            /* a table at an odd offset: read through an aligned copy */
+            Elf64_Shdr *copy = malloc((size_t)shnum * sizeof(Elf64_Shdr));
+            if (!copy) {
+                snprintf(err, errlen, "out of memory");
+                elf_close(f);
+                return -1;
+            }
+            memcpy(copy, f->data + shoff, (size_t)shnum * sizeof(Elf64_Shdr));
+            f->sh = copy;
+            f->sh_copy = copy;
+        }
         f->shnum = shnum;
         unsigned si = f->eh->e_shstrndx;
         const unsigned char *p;
@@ -53,6 +67,7 @@ void elf_close(struct elf_file *f)
 {
     if (f->data)
         munmap((void *)f->data, f->size);
+    free(f->sh_copy);
     memset(f, 0, sizeof(*f));
 }
 
@@ -84,4 +99,21 @@ int elf_section_data(const struct elf_file *f, const Elf64_Shdr *s,
     *p = f->data + s->sh_offset;
     *n = s->sh_size;
     return 0;
+}
+
+void elf_release(const struct elf_file *f, const void *p, size_t n)
+{
+    uintptr_t lo = (uintptr_t)f->data, hi = lo + f->size;
+    uintptr_t a = (uintptr_t)p, b = a + n;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (!f->data || page == 0 || b < a)
+        return;
+    if (a < lo)
+        a = lo;
+    if (b > hi)
+        b = hi;
+    a = (a + page - 1) & ~(page - 1);
+    b &= ~(page - 1);
+    if (b > a)
+        madvise((void *)a, b - a, MADV_DONTNEED);
 }

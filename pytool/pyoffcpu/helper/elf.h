@@ -19,6 +19,7 @@ struct elf_file {
     unsigned shnum;
     const char *shstr;          /* section names */
     size_t shstr_size;
+    void *sh_copy;              /* sh where the table in the file is not aligned (freed by elf_close) */
 };
 
 /* Map the ELF file open at fd; 0 on success, else -1 with why in err. */
@@ -33,5 +34,9 @@ const Elf64_Shdr *elf_section(const struct elf_file *f, const char *name);
  * has none in the file (SHT_NOBITS, compressed) or lies outside it. */
 int elf_section_data(const struct elf_file *f, const Elf64_Shdr *s,
                      const unsigned char **p, size_t *n);
+/* Give the whole pages of [p, p + n) (inside the mapping) back to the
+ * kernel: they are read from the file again if touched.  For a large file
+ * read once from start to end, so that it is not all resident at once. */
+void elf_release(const struct elf_file *f, const void *p, size_t n);
 
 #endif

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import mmap
 import os
 import struct
 import sys
@@ -55,6 +56,17 @@ class UnwindTable:
     build_id: Optional[str] = None
     unsupported: int = 0        # FDE rows the unwinder cannot follow (expressions...)
     page_shift: int = PAGE_SHIFT
+    mapped: object = None       # the mmap rows is a view of (deserialize(copy=False))
+
+    def release(self) -> None:
+        """Give the pages of a mapped table back to the kernel (they are read
+        again from its file if a lookup needs them): once BPF has its copy,
+        pyoffcpu's memory does not hold a library's rows."""
+        if self.mapped is not None:
+            try:
+                self.mapped.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError, AttributeError):
+                pass
 
     @property
     def nrows(self) -> int:
@@ -246,9 +258,47 @@ def table_from_elf(stream, path: Optional[str] = None, elf_cache=None) -> Unwind
 
 def _variant() -> str:
     """What else a cached table depends on: tables built without prologue
-    analysis (PYOFFCPU_PROLOGUE=0) are cached apart."""
+    analysis (PYOFFCPU_PROLOGUE=0) are cached apart, and so are those that
+    another capstone decoded (its text is what the analysis reads)."""
     from . import prologue
-    return "" if prologue.enabled() else "noprologue:"
+    if not prologue.enabled():
+        return "noprologue:"
+    global _CAPSTONE
+    if _CAPSTONE is None:
+        v = capstone_version()
+        _CAPSTONE = f"capstone-{v}:" if v else "nocapstone:"
+    return _CAPSTONE
+
+
+_CAPSTONE: Optional[str] = None
+
+
+def capstone_version() -> Optional[str]:
+    """The installed capstone's version, from its distribution's metadata
+    directory beside the package (capstone-5.0.9.dist-info, Debian's
+    capstone-4.0.2.egg-info): a directory listing, where importing capstone
+    or importlib.metadata costs 0.1-0.2 s of a start.  None: not installed."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("capstone")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    parent = os.path.dirname(list(spec.submodule_search_locations)[0])
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        names = []
+    for n in sorted(names):
+        for ext in (".dist-info", ".egg-info"):
+            if n.lower().startswith("capstone-") and n.endswith(ext):
+                return n[len("capstone-"):-len(ext)].split("-py")[0]
+    try:
+        from importlib.metadata import version
+        return version("capstone")
+    except Exception:               # noqa: BLE001 - no metadata
+        return None
 
 
 def serialize(t: UnwindTable) -> bytes:
@@ -256,10 +306,13 @@ def serialize(t: UnwindTable) -> bytes:
     if sys.byteorder != "little":
         pages.byteswap()
     return (_HDR.pack(MAGIC, t.base, t.nrows, t.npages, t.unsupported, t.page_shift)
-            + t.rows + pages.tobytes())
+            + bytes(t.rows) + pages.tobytes())
 
 
-def deserialize(data: bytes) -> UnwindTable:
+def deserialize(data, copy: bool = True) -> UnwindTable:
+    """The table serialize() wrote, checked.  copy=False: its rows stay a
+    view of `data` (an mmap of the cache file: pages the kernel loads when
+    read, and drops again with UnwindTable.release)."""
     if len(data) < _HDR.size:
         raise ValueError("short unwind table")
     magic, base, nrows, npages, unsupported, shift = _HDR.unpack_from(data, 0)
@@ -276,7 +329,11 @@ def deserialize(data: bytes) -> UnwindTable:
         raise ValueError("corrupt unwind table page index")
     if not MIN_PAGE_SHIFT <= shift <= PAGE_SHIFT:
         raise ValueError("bad page shift")
-    return UnwindTable(base, bytes(data[_HDR.size:rows_end]), pages, None, unsupported, shift)
+    rows = bytes(data[_HDR.size:rows_end]) if copy else memoryview(data)[_HDR.size:rows_end]
+    t = UnwindTable(base, rows, pages, None, unsupported, shift)
+    if not copy:
+        t.mapped = data
+    return t
 
 
 def default_cache_dir() -> Optional[str]:
@@ -286,11 +343,41 @@ def default_cache_dir() -> Optional[str]:
 _safe_dir = cachedir.safe_dir
 
 
+def build_command() -> Tuple[List[str], Optional[List[str]]]:
+    """(args, program) of a helper job that writes a file's serialized
+    table to its standard output: the compiled helper's `table` command,
+    or, without it, the same from this package in another Python."""
+    from .. import helper
+    from . import prologue
+    args = ["table"] + ([] if prologue.enabled() else ["--no-prologue"])
+    if helper.available():
+        return args, None
+    return args, [sys.executable, "-m", "pyoffcpu.unwind.table"]
+
+
+def build_now(path: str) -> UnwindTable:
+    """A file's table, built now, in a helper process (the compiled one if
+    there is one).  Raises (helper.HelperError, OSError, ValueError)."""
+    from .. import helper
+    args, program = build_command()
+    job = helper.Job(args, path, program=program)
+    try:
+        if not job.wait():
+            raise helper.HelperError(job.error or "failed")
+        return deserialize(job.output())
+    finally:
+        job.close()
+
+
 class TableCache:
     """Tables by file identity, in memory and on disk.
 
     Key: the GNU build-id when the file has one, else (path, device, inode,
-    size, mtime).  Disk files are written atomically and checked on read."""
+    size, mtime).  Disk files are written atomically and checked on read;
+    a table read from disk is an mmap of its file, whose pages the kernel
+    holds (UnwindTable.release gives them back once BPF has its copy).
+    `get` builds what it lacks at once; the session builds in the
+    background instead (build.py) and hands the results to `store`."""
 
     VERSION = 5                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST;
                                         # 4: UR_DRAP, UR_RBX, RBP_AT_RBP; 5: code no symbol covers
@@ -302,7 +389,7 @@ class TableCache:
             self.dir = None
         self._mem: dict = {}
         self.elf_cache = None           # the session's ElfCache (None: the default one)
-        self.built = 0                  # tables parsed from ELF this session
+        self.built = 0                  # tables built from ELF this session
         self.loaded = 0                 # tables read from the disk cache
 
     @staticmethod
@@ -313,28 +400,58 @@ class TableCache:
             ident = f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
         return hashlib.sha256(f"v{TableCache.VERSION}:{_variant()}{ident}".encode()).hexdigest()[:32]
 
-    def get(self, path: str, build_id: Optional[str]) -> Optional[UnwindTable]:
-        """The table of the ELF file at path (None: not an x86_64 ELF or unreadable)."""
+    def key_of(self, path: str, build_id: Optional[str]) -> Optional[str]:
         try:
-            st = os.stat(path)
+            return self.key_for(path, build_id, os.stat(path))
         except OSError:
             return None
-        key = self.key_for(path, build_id, st)
+
+    def path_of(self, key: str) -> Optional[str]:
+        """Where the table of key is kept on disk (None: no disk cache)."""
+        return None if self.dir is None else os.path.join(self.dir, key + ".tbl")
+
+    def known(self, key: str) -> bool:
+        """Is the table for key (or the fact that there is none) in memory?"""
+        return key in self._mem
+
+    def cached(self, key: str, build_id: Optional[str] = None) -> Optional[UnwindTable]:
+        """From memory, else from disk (None: not there; see known())."""
         if key in self._mem:
             return self._mem[key]
         t = self._read(key)
-        if t is None:
-            try:
-                with open(path, "rb") as f:
-                    t = table_from_elf(f, path, self.elf_cache)
-            except Exception:           # any malformed ELF: no table, native stacks by FP
-                t = None
-            if t is not None:
-                self.built += 1
-                self._write(key, t)
-        else:
-            self.loaded += 1
         if t is not None:
+            self.loaded += 1
+            t.build_id = build_id
+            self._mem[key] = t
+        return t
+
+    def get(self, path: str, build_id: Optional[str]) -> Optional[UnwindTable]:
+        """The table of the ELF file at path (None: not an x86_64 ELF or
+        unreadable), built now if no cache has it."""
+        key = self.key_of(path, build_id)
+        if key is None:
+            return None
+        if key in self._mem:
+            return self._mem[key]
+        t = self.cached(key, build_id)
+        if t is not None:
+            return t
+        try:
+            t = build_now(path)
+        except Exception:               # noqa: BLE001 - any malformed ELF: no table, native stacks by FP
+            self._mem[key] = None
+            return None
+        return self.store(key, t, build_id)
+
+    def store(self, key: str, t: Optional[UnwindTable], build_id: Optional[str]) -> Optional[UnwindTable]:
+        """A table built for key (None: the file has none), kept in memory
+        and on disk; the table to use (from its cache file when written)."""
+        if t is not None:
+            self.built += 1
+            if self._write(key, t):
+                again = self._read(key)
+                if again is not None:
+                    t = again
             t.build_id = build_id
         self._mem[key] = t
         return t
@@ -356,23 +473,32 @@ class TableCache:
     def _read(self, key: str) -> Optional[UnwindTable]:
         if self.dir is None:
             return None
-        path = os.path.join(self.dir, key + ".tbl")
+        path = self.path_of(key)
         try:
-            with open(path, "rb") as f:
-                t = deserialize(f.read())
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size < _HDR.size:
+                return None
+            t = deserialize(mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ), copy=False)
         except (OSError, ValueError, struct.error):
             return None
+        finally:
+            os.close(fd)
         try:
             os.utime(path)              # recently used: kept by _prune
         except OSError:
             pass
         return t
 
-    def _write(self, key: str, t: UnwindTable) -> None:
+    def _write(self, key: str, t: UnwindTable) -> bool:
         if self.dir is None:
-            return
-        cachedir.write_private(os.path.join(self.dir, key + ".tbl"), serialize(t))
+            return False
+        ok = cachedir.write_private(os.path.join(self.dir, key + ".tbl"), serialize(t))
         self._prune()
+        return ok
 
     def _prune(self) -> None:
         try:
@@ -384,3 +510,39 @@ class TableCache:
                 os.unlink(os.path.join(self.dir, n))
         except OSError:
             pass
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m pyoffcpu.unwind.table table [--no-prologue] [--into PATH] <ELF`:
+    the compiled helper's `table` command in Python, where it was not
+    built: the serialized table to standard output, or written to PATH
+    (beside it first, then renamed: a reader never sees half a table)."""
+    argv = sys.argv[1:] if argv is None else argv
+    from .. import helper
+    helper.apply_limits()
+    into = None
+    if len(argv) >= 3 and argv[-2] == "--into":
+        into, argv = argv[-1], argv[:-2]
+    if not argv or argv[0] != "table" or any(a != "--no-prologue" for a in argv[1:]):
+        print("usage: python -m pyoffcpu.unwind.table table [--no-prologue] [--into PATH] <ELF",
+              file=sys.stderr)
+        return 2
+    if "--no-prologue" in argv:
+        os.environ["PYOFFCPU_PROLOGUE"] = "0"
+    path = f"/proc/self/fd/{sys.stdin.fileno()}"
+    try:
+        with open(sys.stdin.fileno(), "rb", closefd=False) as f:
+            data = serialize(table_from_elf(f, path))
+    except Exception as e:          # noqa: BLE001 - one line, exit 1, as the helper does
+        print(f"pyoffcpu.unwind.table: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if into is None:
+        sys.stdout.buffer.write(data)
+    elif not cachedir.write_private(into, data):
+        print(f"pyoffcpu.unwind.table: cannot write {into}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
