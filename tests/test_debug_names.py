@@ -94,6 +94,21 @@ def test_one_line_per_object_with_the_package_and_build_id_path():
         summary.debug_hint(inside, 1, 2, owner=lambda p, r: "python3.11-minimal")
 
 
+def test_a_library_a_wheel_bundles_points_at_no_debug_file():
+    """torch's bundled, stripped libgomp (issue 23): no package ships its
+    debug file, so the line names the wheel and says how its frames read."""
+    gomp = "/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1"
+    line = summary.debug_hint(_stripped(gomp), 1, 4, owner=lambda p, r: None)
+    assert line == ("pyoffcpu: 25% of the time is in libgomp.so.1 without symbols: it is the copy the "
+                    "torch package bundles, stripped, and no package ships its debug file; its functions "
+                    "are named by where their code starts (libgomp.so.1@0x...)")
+    assert "/usr/lib/debug" not in line
+    blas = "/v/lib/python3.12/site-packages/numpy.libs/libscipy_openblas64_-ff651d7f.so"
+    assert "the copy the numpy package bundles" in summary.debug_hint(_stripped(blas), 1, 4,
+                                                                        owner=lambda p, r: None)
+    assert summary.wheel_of("/usr/lib/x86_64-linux-gnu/libgomp.so.1") is None
+
+
 def test_debug_package_names():
     assert summary.debug_package("python3.11-minimal") == ("python3.11-dbg", False)
     assert summary.debug_package("python3.11") == ("python3.11-dbg", False)
@@ -141,10 +156,13 @@ def _symbols(path, dynamic):
 
 
 def _unknown_share(prof):
-    """Share of the time in stacks with a `[unknown] python3.11+0x...` frame."""
+    """Share of the time in stacks with a python3.11 frame that no symbol
+    names: `[unknown] python3.11+0x...`, or `python3.11@0x...` (code only
+    its FDE covers, named by the FDE's start)."""
     total = sum(prof.weights.values())
+    unnamed = re.compile(r"\[unknown\] " + EXE_RE + r"\+0x|" + EXE_RE + r"@0x")
     hit = sum(ns for k, ns in prof.weights.items()
-              if any(re.match(r"\[unknown\] " + EXE_RE + r"\+0x", f.name) for f in k.frames))
+              if any(unnamed.match(f.name) for f in k.frames))
     return hit / total
 
 

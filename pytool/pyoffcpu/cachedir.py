@@ -4,7 +4,7 @@ it steers BPF programs in the kernel."""
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Union
 
 
 def cache_dir(kind: str) -> Optional[str]:
@@ -32,15 +32,29 @@ def safe_dir(path: str) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
-def write_private(path: str, data: bytes) -> bool:
+def write_private(path: str, data: Union[bytes, int]) -> bool:
     """Write a cache file atomically (a temp file beside it, mode 0600, then
     rename); False, with nothing left behind, when it cannot be written: a
-    cache that cannot be written is only a slower next start."""
+    cache that cannot be written is only a slower next start.  data: the
+    bytes, or an open file's descriptor whose whole content the kernel
+    copies (a 70 MB symbol index never passes through our memory)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            if isinstance(data, int):
+                size, off = os.fstat(data).st_size, 0
+                while off < size:
+                    n = os.sendfile(fd, data, off, size - off)
+                    if n <= 0:
+                        raise OSError("short copy")
+                    off += n
+            else:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         return True
     except OSError:

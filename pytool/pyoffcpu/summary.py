@@ -126,8 +126,9 @@ def top_functions(prof: Profile, n: int = 10) -> List[Tuple[str, int, int]]:
     return rows[:n]
 
 
-# A module earns its line when its nameless frames (`[unknown] module+0x...`)
-# sit in stacks holding at least this share of all the profile's time: the
+# A module earns its line when its nameless frames (`[unknown] module+0x...`,
+# or `module@0x...`: code no symbol covers, named by the start of its FDE) sit
+# in stacks holding at least this share of all the profile's time: the
 # width of those boxes in the flame graph.  Below 5% they are narrow enough
 # not to change where a reader sees the time go, and the line asks for a
 # package install, so it is kept for what matters; at 5% even a short
@@ -142,10 +143,17 @@ _DBG_PACKAGES = {"libc6": "libc6-dbg"}
 _DPKG_TIMEOUT_S = 5
 
 
+def _unnamed(fr: Frame) -> bool:
+    """A native frame that no symbol names: `[unknown] module+0x...`, or
+    `module@0x...` (only its FDE's start: symbols.Symbolizer.frame_name)."""
+    return (fr.name.startswith("[unknown] ")
+            or fr.name.startswith(os.path.basename(fr.module) + "@0x"))
+
+
 def unnamed_modules(prof: Profile, share: float = UNNAMED_SHARE
                     ) -> List[Tuple[object, int]]:
     """(symbols.ModuleSymbols, ns) of every mapped object without symbols
-    whose `[unknown]` frames are in stacks holding at least ``share`` of the
+    whose unnamed frames (``_unnamed``) are in stacks holding at least ``share`` of the
     profile's time (a stack counts once per object), busiest first.  Objects
     are told apart by build-id (the same file mapped by several processes is
     one), and only those the symbolizer read are considered."""
@@ -157,8 +165,7 @@ def unnamed_modules(prof: Profile, share: float = UNNAMED_SHARE
     for key, ns in prof.weights.items():
         seen = set()
         for fr in key.frames:
-            if (fr.kind is not FrameKind.NATIVE or not fr.module
-                    or not fr.name.startswith("[unknown] ")):
+            if fr.kind is not FrameKind.NATIVE or not fr.module or not _unnamed(fr):
                 continue
             info = mods.get((key.pid, fr.module))
             if info is None or info.file is None or info.has_symbols:
@@ -240,9 +247,29 @@ def debug_hint(info, ns: int, total_ns: int, owner=_dpkg_owner) -> str:
         if bid_path:
             todo += f" (debug file {bid_path})"
         return head + todo
+    wheel = wheel_of(info.target_path)
+    if wheel:
+        # a copy a wheel bundles (torch's libgomp, numpy's OpenBLAS): no
+        # package ships its debug file, so none is pointed at
+        return (head + f"it is the copy the {wheel} package bundles, stripped, and no package ships its "
+                f"debug file; its functions are named by where their code starts ({name}@0x...)")
     if bid_path:
         return head + f"its debug file would be {bid_path}{inside} (build-id {info.build_id})"
     return head + f"it has no build-id; profile a build of {info.target_path} that keeps its .symtab"
+
+
+# A library that a Python package from PyPI carries: .../site-packages/torch/lib/libgomp.so.1,
+# or auditwheel's .../site-packages/numpy.libs/libscipy_openblas64_-....so
+_WHEEL_DIR = re.compile(r"/(?:site|dist)-packages/([^/]+)/")
+
+
+def wheel_of(path: Optional[str]) -> Optional[str]:
+    """The Python package whose files hold ``path`` (None: not in one)."""
+    m = _WHEEL_DIR.search(path or "")
+    if m is None:
+        return None
+    name = m.group(1)
+    return name[:-len(".libs")] if name.endswith(".libs") else name
 
 
 def symbol_hints(prof: Profile, owner=_dpkg_owner) -> List[str]:

@@ -9,10 +9,14 @@ Pieces, in the order a user address flows through them:
   ``.dynsym``, or a separate debug file), its PT_LOAD segments and build-id.
   The files themselves are read by ``elffile`` (``ElfCache``): once per
   session, by file identity, for the symbolizer, the unwinder, and the
-  look-ups of data symbols alike.
+  look-ups of data symbols alike.  The functions are looked up in the
+  file's index (``symindex``: built once by the compiled helper, cached on
+  disk, mapped), never decoded into a Python object per symbol; where no
+  symbol covers an address but an ``.eh_frame`` FDE does (a stripped
+  library's static functions), the FDE names it: ``libgomp.so.1@0x1de40``.
 * ``Symbolizer``: ties both together, caches per file, demangles C++ names
-  in batches through ``c++filt``, and resolves kernel addresses through
-  ``KernelSymbols`` (``/proc/kallsyms``).
+  in the process (``demangle``: libstdc++'s ``__cxa_demangle``), and
+  resolves kernel addresses through ``KernelSymbols`` (``/proc/kallsyms``).
 * ``find_symbol_address`` / ``runtime_address``: locate a data symbol such as
   ``_PyRuntime`` in a running process.
 """
@@ -21,10 +25,11 @@ from __future__ import annotations
 
 import bisect
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
+
+from . import demangle as _demangle
+from . import symindex
 
 # ELF symbol types, bindings and special section indices are elffile's.
 from .elffile import (  # noqa: F401  (STT_* and SHN_* re-exported)
@@ -127,6 +132,7 @@ def path_in_root(path: str, root: Optional[str]) -> str:
     return path
 
 _BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1, STB_LOCAL: 2}
+MAX_CODE_BYTES = 1 << 20        # a function's code read for analysis, at most
 
 
 # ---------------------------------------------------------------------------
@@ -148,6 +154,13 @@ class Mapping:
     def is_file(self) -> bool:
         """Backed by a file (not anonymous, not [heap]/[stack]/[vdso]...)."""
         return self.inode != 0 and self.path.startswith("/")
+
+    @property
+    def is_jit(self) -> bool:
+        """Executable anonymous memory (or a memfd, which JIT runtimes map
+        twice, writable and executable): code made at run time."""
+        return "x" in self.perms and (
+            (not self.is_file and not self.path.startswith("[v")) or self.path.startswith("/memfd:"))
 
     def file_offset(self, addr: int) -> int:
         return addr - self.start + self.offset
@@ -254,7 +267,7 @@ def _open_image(path: str, want_types: frozenset = _FUNC_TYPES,
                 cache: Optional[ElfCache] = None) -> Optional[ElfFile]:
     """The session's ElfFile of ``path`` (None: unreadable, not ELF), with
     its symbols when ``want_types`` asks for any."""
-    return (cache or default_cache()).get(path, symbols=bool(want_types))
+    return (cache if cache is not None else default_cache()).get(path, symbols=bool(want_types))
 
 
 def _debug_candidates(path: str, image: ElfFile,
@@ -299,19 +312,22 @@ def _load_debug_image(path: str, image: ElfFile, debug_dirs: Sequence[str],
                       orig_path: Optional[str] = None,
                       want_types: frozenset = _FUNC_TYPES,
                       root: Optional[str] = None,
-                      cache: Optional[ElfCache] = None
+                      cache: Optional[ElfCache] = None,
+                      symbols: bool = True,
                       ) -> tuple[Optional[str], Optional[ElfFile]]:
     """The first candidate debug file (see ``_debug_candidates``) that has a
-    ``.symtab`` and, where both have one, the same build-id."""
-    cache = cache or default_cache()
+    ``.symtab`` and, where both have one, the same build-id.  ``symbols``:
+    with its symbol tables decoded (False: headers only, for the function
+    index, which the helper reads from the file)."""
+    cache = cache if cache is not None else default_cache()
     try:
         own = os.stat(path)
     except OSError:
         own = None
 
     def fits(dbg: ElfFile) -> bool:
-        return dbg.has_symtab and not (image.build_id and dbg.build_id
-                                       and dbg.build_id != image.build_id)
+        return dbg.has_symtab and not dbg.symbols_failed and not (
+            image.build_id and dbg.build_id and dbg.build_id != image.build_id)
 
     for cand in _debug_candidates(path, image, debug_dirs, orig_path, root):
         try:
@@ -321,7 +337,7 @@ def _load_debug_image(path: str, image: ElfFile, debug_dirs: Sequence[str],
         if own is not None and (st.st_dev, st.st_ino) == (own.st_dev,
                                                           own.st_ino):
             continue  # the debuglink names the file itself
-        dbg = cache.get(cand, symbols=fits)
+        dbg = cache.get(cand, symbols=fits if symbols else False)
         if dbg is None or not fits(dbg):
             continue
         return cand, dbg
@@ -333,7 +349,13 @@ def _function_table(sources: Sequence[ElfFile]
     """(starts, ends, names) of the functions of a file and its debug file:
     one name per address (global before weak before local, sized before
     unsized, then the shortest, plainest name), unsized ones ending at their
-    section's end or at the next function."""
+    section's end or at the next function.
+
+    The reference the function index is built to (symindex; the compiled
+    helper reproduces it in helper/symbols.c): names are ranked by their raw
+    bytes (length, then byte order), which ElfFile's "surrogateescape"
+    names give back exactly; for valid UTF-8 that is the order of the
+    decoded names."""
     best: dict[int, tuple] = {}
     for image in sources:
         ranges = image.section_ranges
@@ -344,8 +366,9 @@ def _function_table(sources: Sequence[ElfFile]
                 end = ranges[s.shndx][1]
             else:
                 end = 0  # unknown: bounded by the next symbol below
+            raw = s.name.encode("utf-8", "surrogateescape")
             rank = (_BIND_RANK.get(s.bind, 3), s.size == 0,
-                    s.name.startswith("_"), len(s.name), s.name)
+                    raw[:1] == b"_", len(raw), raw)
             cur = best.get(s.value)
             if cur is None:
                 best[s.value] = (rank, s.name, end)
@@ -376,23 +399,26 @@ class ElfSymbols:
     Symbols come from ``.symtab`` and ``.dynsym``; when the file has no
     ``.symtab``, a separate debug file is looked up by build-id and then by
     ``.gnu_debuglink``, and its ``.symtab`` is used as well.  The files are
-    parsed, and their function table made, once per session (ElfCache); an
-    ElfSymbols is the view of them from one path.
+    parsed once per session (ElfCache); their function index (symindex) is
+    made once per file and debug file, on first lookup, and cached on disk.
+    An ElfSymbols is the view of them from one path.
     """
 
     def __init__(self, path: str, debug_dirs: Optional[Sequence[str]] = DEFAULT_DEBUG_DIRS,
                  orig_path: Optional[str] = None, *, root: Optional[str] = None,
-                 _image: Optional[ElfFile] = None, cache: Optional[ElfCache] = None):
+                 _image: Optional[ElfFile] = None, cache: Optional[ElfCache] = None,
+                 _data: Optional[bytes] = None):
         """``path`` is the file to read; ``orig_path`` the name it has in
         the process (for debuglink lookups under /usr/lib/debug); ``root``
         the process's root when it is not ours (debug files are looked up
         there first); ``debug_dirs=None``: no debug file lookup; ``cache``:
-        the session's ElfCache (default ``elffile.default_cache()``)."""
-        cache = cache or default_cache()
+        the session's ElfCache (default ``elffile.default_cache()``);
+        ``_data``: the bytes of an in-memory image (the vDSO)."""
+        cache = cache if cache is not None else default_cache()
         self.path = path
         self.orig_path = orig_path or path
-        image = _image if _image is not None else cache.get(path, symbols=True)
-        if image is None or not image.symbols_loaded:
+        image = _image if _image is not None else cache.get(path)
+        if image is None or image.symbols_failed:
             raise ValueError(f"not a readable ELF file: {path}")
         self.image = image
         self.build_id: Optional[str] = image.build_id
@@ -400,28 +426,38 @@ class ElfSymbols:
         self.segments: list[LoadSegment] = image.segments
         self.has_symtab: bool = image.has_symtab
         self.debug_file: Optional[str] = None
-        sources = [image]
-        if not image.has_symtab and debug_dirs is not None:
+        self._cache = cache
+        self._data = _data
+        self._sources = [image]
+        self._paths = [path]
+        if not image.has_symtab and debug_dirs is not None and _data is None:
             self.debug_file, dbg = _load_debug_image(
-                path, image, debug_dirs, orig_path, root=root, cache=cache)
+                path, image, debug_dirs, orig_path, root=root, cache=cache, symbols=False)
             if dbg is not None:
-                sources.append(dbg)
-        self._starts, self._ends, self._names = cache.derived(
-            "functions", tuple(s.identity for s in sources),
-            lambda: _function_table(sources))
+                self._sources.append(dbg)
+                self._paths.append(self.debug_file)
+        self._index: Optional[symindex.SymbolIndex] = None
+
+    @property
+    def index(self) -> symindex.SymbolIndex:
+        """The function index of the file and its debug file (made on first
+        use, once per session for the same files)."""
+        if self._index is None:
+            self._index = symindex.index_for(self._cache, self._sources, self._paths, self._data)
+        return self._index
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str,
                    cache: Optional[ElfCache] = None) -> "ElfSymbols":
         """For in-memory images such as the vDSO (no debug file lookup)."""
-        cache = cache or default_cache()
+        cache = cache if cache is not None else default_cache()
         image = cache.from_bytes(data)
         if image is None:
             raise ValueError(f"not an ELF image: {name}")
-        return cls(name, debug_dirs=None, _image=image, cache=cache)
+        return cls(name, debug_dirs=None, _image=image, cache=cache, _data=data)
 
     def __len__(self) -> int:
-        return len(self._starts)
+        return len(self.index)
 
     # -- address conversions ---------------------------------------------
     def file_offset_to_vaddr(self, off: int) -> Optional[int]:
@@ -450,14 +486,49 @@ class ElfSymbols:
     # -- symbol lookup ------------------------------------------------------
     def lookup(self, vaddr: int) -> Optional[tuple[str, int]]:
         """(name, symbol start) of the function containing ``vaddr``."""
-        i = bisect.bisect_right(self._starts, vaddr) - 1
-        if i >= 0 and vaddr < self._ends[i]:
-            return self._names[i], self._starts[i]
-        return None
+        return self.index.lookup(vaddr)
+
+    def fde_start(self, vaddr: int) -> Optional[int]:
+        """The start of the .eh_frame FDE covering ``vaddr`` (for code no
+        symbol covers), None: none."""
+        return self.index.fde_start(vaddr)
 
     def symbols(self) -> list[tuple[int, int, str]]:
         """(start, end, name) of every function, sorted by start."""
-        return list(zip(self._starts, self._ends, self._names))
+        return self.index.entries()
+
+    def function_range(self, vaddr: int) -> Optional[tuple[int, int]]:
+        """(start, end) of the function holding ``vaddr``: by its symbol,
+        else by its FDE; None: neither covers it."""
+        return self.index.function_range(vaddr)
+
+    def read_code(self, start: int, end: int) -> Optional[bytes]:
+        """The file's bytes at ELF virtual addresses [start, end) (code: in
+        one PT_LOAD segment's file bytes), read from the very file this was
+        made from; None when they are not there or the file changed."""
+        if not 0 < end - start <= MAX_CODE_BYTES:
+            return None
+        seg = next((g for g in self.segments
+                    if g.vaddr <= start and end <= g.vaddr + g.filesz), None)
+        if seg is None:
+            return None
+        off = start - seg.vaddr + seg.offset
+        if self._data is not None:
+            code = self._data[off:off + end - start]
+            return code if len(code) == end - start else None
+        try:
+            opened = symindex.IdentifiedFile(self._cache, self.path)
+        except OSError:
+            return None
+        try:
+            if opened.identity != self.image.identity:
+                return None
+            code = opened.read(off, end - start)
+        except OSError:
+            return None
+        finally:
+            opened.close()
+        return code if len(code) == end - start else None
 
 
 # ---------------------------------------------------------------------------
@@ -476,7 +547,7 @@ def find_symbol_address(path: str, name: str,
     module's TLS block."""
     if debug_dirs is None:
         debug_dirs = debug_dirs_from_env()
-    cache = cache or default_cache()
+    cache = cache if cache is not None else default_cache()
     image = cache.get(path, symbols=True)
     if image is None:
         return None
@@ -512,7 +583,7 @@ def runtime_address(mappings: Iterable[Mapping], path: str, vaddr: int,
     first mapping of the file (lowest address) gives the load bias.  Raises
     LookupError when the file is not mapped."""
     elf_path = elf_path or path
-    image = (cache or default_cache()).get(elf_path)
+    image = (cache if cache is not None else default_cache()).get(elf_path)
     if image is None:
         raise LookupError(f"cannot read ELF program headers of {elf_path}")
     try:
@@ -586,31 +657,22 @@ class KernelSymbols:
 # C++ demangling
 # ---------------------------------------------------------------------------
 def demangle(names: Iterable[str]) -> dict[str, str]:
-    """Demangle ``_Z`` names in one ``c++filt`` run; {mangled: readable}.
+    """Demangle ``_Z`` names; {mangled: readable}.
 
-    Names that cannot be demangled (or all of them, when c++filt is missing)
-    map to themselves."""
-    todo = sorted({n for n in names if n.startswith("_Z") and "\n" not in n})
-    result = {n: n for n in todo}
-    exe = shutil.which("c++filt")
-    if not todo or exe is None:
-        return result
-    try:
-        proc = subprocess.run([exe], input="\n".join(todo) + "\n",
-                              capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return result
-    lines = proc.stdout.split("\n")
-    if proc.returncode == 0 and len(lines) >= len(todo):
-        for name, out in zip(todo, lines):
-            if out:
-                result[name] = out
-    return result
+    In the process (``demangle.demangle_all``: libstdc++'s __cxa_demangle,
+    c++filt's text); names that cannot be demangled (or all of them, when
+    neither libstdc++ nor c++filt is there) map to themselves."""
+    return _demangle.demangle_all(names)
 
 
 # ---------------------------------------------------------------------------
 # Symbolizer
 # ---------------------------------------------------------------------------
+# A native frame in code made at run time (oneDNN's kernels, a JIT compiler's
+# output): no file names it, and the walk ends there (bpf/unwind.h).
+JIT_FRAME = "[jit]"
+
+
 @dataclass(frozen=True)
 class NativeSymbol:
     """A resolved user-space address.
@@ -625,6 +687,10 @@ class NativeSymbol:
     module: Optional[str]
     offset: int
     symbol_offset: int = 0  # address - start of the function
+    # no symbol, but an .eh_frame FDE starting here covers the address (its
+    # frame is named module@0xSTART: one name per function)
+    fde_start: Optional[int] = None
+    jit: bool = False       # in code made at run time (Mapping.is_jit): named [jit]
 
     @property
     def module_basename(self) -> Optional[str]:
@@ -687,7 +753,6 @@ class Symbolizer:
         self._modules: dict[tuple[int, str], ModuleSymbols] = {}
         self._spaces: dict[int, AddressSpace] = {}
         self._demangled: dict[str, str] = {}
-        self._pending: set[str] = set()
         self._kernel: Optional[KernelSymbols] = None
         self._vdso: Optional[ElfSymbols] = None
 
@@ -731,8 +796,8 @@ class Symbolizer:
         path (the session's ElfCache, by file identity); its debug file is
         looked up once per name it is reached by and ``root`` (under which
         debug files are looked up first)."""
-        image = self.elf_cache.get(path, symbols=True)
-        if image is None:
+        image = self.elf_cache.get(path)
+        if image is None or image.symbols_failed:
             return None
         key = (image.identity, path, orig_path, root)
         elf = self._elf_by_lookup.get(key)
@@ -741,6 +806,13 @@ class Symbolizer:
                              _image=image, cache=self.elf_cache)
             self._elf_by_lookup[key] = elf
         return elf
+
+    def prefetch(self, pid: int, m: Mapping, space: Optional[AddressSpace] = None) -> None:
+        """Have the function index of the file mapped by ``m`` built in the
+        background (symindex.prefetch), for a profile to come."""
+        elf = self._elf_for_mapping(pid, m, space)
+        if elf is not None and elf._index is None and elf._data is None:
+            symindex.prefetch(self.elf_cache, elf._sources, elf._paths)
 
     def _elf_for_mapping(self, pid: int, m: Mapping,
                          space: Optional[AddressSpace] = None) -> Optional[ElfSymbols]:
@@ -797,7 +869,7 @@ class Symbolizer:
             if v is None:
                 return None
             self._vdso = ElfSymbols("[vdso]", debug_dirs=None, _image=v[1],
-                                    cache=self.elf_cache)
+                                    cache=self.elf_cache, _data=v[0])
         return self._vdso
 
     # -- resolution -------------------------------------------------------
@@ -809,6 +881,8 @@ class Symbolizer:
         m = space.find(addr)
         if m is None:
             return NativeSymbol(None, None, addr)
+        if m.is_jit:
+            return NativeSymbol(None, None, addr, jit=True)
         file_off = m.file_offset(addr)
         module = m.path or None
         elf = self._elf_for_mapping(pid, m, space)
@@ -819,10 +893,11 @@ class Symbolizer:
             return NativeSymbol(None, module, file_off)
         hit = elf.lookup(vaddr)
         if hit is None:
+            fde = elf.fde_start(vaddr)
+            if fde is not None:
+                return NativeSymbol(None, module, vaddr, vaddr - fde, fde_start=fde)
             return NativeSymbol(None, module, vaddr)
         name, start = hit
-        if name.startswith("_Z") and name not in self._demangled:
-            self._pending.add(name)
         return NativeSymbol(name, module, vaddr, vaddr - start)
 
     def resolve_kernel(self, addr: int) -> Optional[str]:
@@ -835,37 +910,57 @@ class Symbolizer:
 
     # -- naming -------------------------------------------------------------
     def demangled(self, name: str) -> str:
-        """Readable form of a symbol name (batching all pending _Z names)."""
+        """Readable form of a symbol name (demangled once per name)."""
         if not self.demangle_names or not name.startswith("_Z"):
             return name
         out = self._demangled.get(name)
         if out is None:
-            self._pending.add(name)
-            self._flush_demangle()
-            out = self._demangled.get(name, name)
+            out = self._demangled[name] = _demangle.demangle(name)
         return out
 
-    def _flush_demangle(self) -> None:
-        todo = [n for n in self._pending if n not in self._demangled]
-        self._pending.clear()
-        if todo:
-            self._demangled.update(demangle(todo))
-
     def frame_name(self, sym: NativeSymbol) -> str:
+        """The frame's name in a profile: the demangled symbol; without one,
+        ``module@0xSTART`` of the FDE covering it, else
+        ``[unknown] module+0xOFFSET``."""
         if sym.name is not None:
             return self.demangled(sym.name)
+        if sym.jit:
+            return JIT_FRAME
         if sym.module is None:
             return "[unknown]"
+        if sym.fde_start is not None:
+            return f"{os.path.basename(sym.module)}@0x{sym.fde_start:x}"
         return f"[unknown] {os.path.basename(sym.module)}+0x{sym.offset:x}"
 
     def frame_names(self, syms: Iterable[NativeSymbol]) -> list[str]:
         syms = list(syms)
         if self.demangle_names:
-            self._pending.update(s.name for s in syms
-                                 if s.name and s.name.startswith("_Z")
-                                 and s.name not in self._demangled)
-            self._flush_demangle()
+            todo = {s.name for s in syms if s.name and s.name.startswith("_Z")
+                    and s.name not in self._demangled}
+            self._demangled.update(_demangle.demangle_all(todo))
         return [self.frame_name(s) for s in syms]
+
+    def function_code(self, pid: int, addr: int,
+                      address_space: Optional[AddressSpace] = None
+                      ) -> Optional[tuple]:
+        """(file identity, start, end, code) of the function holding the
+        user address ``addr``: its symbol's range, else its FDE's (ELF
+        virtual addresses), and its bytes; None when neither covers it or
+        its bytes cannot be read (over MAX_CODE_BYTES are not).  For what is
+        decided from a function's code (merge: an OpenMP runtime's waits)."""
+        space = address_space if address_space is not None else self.address_space(pid)
+        m = space.find(addr)
+        if m is None:
+            return None
+        elf = self._elf_for_mapping(pid, m, space)
+        if elf is None:
+            return None
+        vaddr = elf.file_offset_to_vaddr(m.file_offset(addr))
+        rng = elf.function_range(vaddr) if vaddr is not None else None
+        if rng is None:
+            return None
+        code = elf.read_code(*rng)
+        return None if code is None else (elf.image.identity, rng[0], rng[1], code)
 
     def kernel_frame_name(self, addr: int) -> str:
         return self.resolve_kernel(addr) or "[unknown]"

@@ -97,9 +97,19 @@ def _candidates(pid: int, maps) -> List[str]:
         exe = None
     seen, out = set(), []
     paths = [exe] if exe else []
-    # Shared objects whose name mentions python first (libpython3.X.so), then the rest.
+    # libpython3.X.so first, then the other shared objects whose name mentions
+    # python, then the rest; extension modules (.cpython-3XX-...so: torch has
+    # dozens, one with half a million symbols) last: they hold no runtime
     libs = [m.path for m in maps if m.path.startswith("/") and ".so" in m.path]
-    libs.sort(key=lambda p: "python" not in os.path.basename(p))
+
+    def rank(p: str) -> int:
+        name = os.path.basename(p)
+        if name.startswith("libpython"):
+            return 0
+        if ".cpython-" in name or name.startswith("libtorch_python"):
+            return 3
+        return 1 if "python" in name else 2
+    libs.sort(key=rank)
     for p in paths + libs:
         if p and p not in seen:
             seen.add(p)

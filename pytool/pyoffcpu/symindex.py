@@ -1,0 +1,652 @@
+"""The function index of an ELF file: which function holds an address, read
+from a file on disk instead of a Python object per symbol.
+
+A torch process maps libraries with half a million function symbols
+(``libtorch_cpu.so``: a 12.5 MB ``.symtab``); a profile names a few hundred
+addresses in them.  So each file (with its separate debug file) gets an
+index, built once by the compiled helper (``pyoffcpu-elf symbols``, see
+``helper/symbols.c`` for the rules and the format) and cached on disk; the
+symbolizer maps it and binary-searches it, and decodes a name only when an
+address asks for it.
+
+The index holds, in address order, every function (start, end, name: one
+name per address, chosen as ``symbols._function_table`` chooses it) and
+every FDE range of ``.eh_frame``: code that no symbol covers (a stripped
+library's static functions) is still known to be one function, named by
+the start of its FDE.
+
+Format (little-endian; ``SymbolIndex`` checks every offset it reads)::
+
+    header, 64 bytes: magic b"PYOFSYMI", u32 version, u32 0,
+                      u64 nfuncs, u64 nfdes, u64 names_size, 24 zero bytes
+    u64 starts[nfuncs]        sorted, distinct
+    u64 ends[nfuncs]
+    u64 name_offsets[nfuncs + 1]   name i: names[name_offsets[i]:name_offsets[i + 1]]
+    u64 fde_starts[nfdes]     sorted, distinct
+    u64 fde_ends[nfdes]
+    names: names_size bytes, the raw symbol names one after another
+
+Without the helper binary (no compiler at install) ``build_bytes`` makes the
+same bytes in Python from ``symbols._function_table`` and ``fde_ranges``.
+"""
+from __future__ import annotations
+
+import array
+import bisect
+import hashlib
+import mmap
+import os
+import select
+import stat
+import struct
+import sys
+import time
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from . import cachedir
+from .unwind.ehframe import read_sleb, read_uleb
+
+__all__ = ["IdentifiedFile", "SymbolIndex", "build_bytes", "fde_ranges", "index_for",
+           "poll_prefetches", "prefetch", "serialize"]
+
+MAGIC = b"PYOFSYMI"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sIIQQQ24x")
+U64_MAX = (1 << 64) - 1
+# What else a cached index depends on: the format and the rules that fill it
+# (bump it when either changes).
+CACHE_VERSION = 1
+CACHE_KIND = "symbols"
+MAX_FILES = 2048                        # past this, the least recently used half goes
+HELPER_WALL_S = 60.0                    # libtorch_cpu.so takes 0.3 s
+
+
+# ---------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------
+class SymbolIndex:
+    """One file's index, over bytes or an mmap of its cache file.
+
+    A buffer that is not a whole index (truncated, another format) gives an
+    empty index; inside a valid header, every offset is checked where it is
+    used, so a damaged file gives no name (or a wrong one), never an
+    exception or a read outside the buffer."""
+
+    __slots__ = ("_buf", "_starts", "_ends", "_noffs", "_fstarts", "_fends", "_names",
+                 "nfuncs", "nfdes", "valid", "__weakref__")
+
+    def __init__(self, buf=b""):
+        self._buf = buf
+        self.nfuncs = self.nfdes = 0
+        self.valid = False
+        empty = memoryview(b"").cast("Q")
+        self._starts = self._ends = self._noffs = self._fstarts = self._fends = empty
+        self._names = memoryview(b"")
+        try:
+            self._open(buf)
+        except (ValueError, TypeError, struct.error, OverflowError):
+            self.nfuncs = self.nfdes = 0
+            self.valid = False
+
+    def _open(self, buf) -> None:
+        view = memoryview(buf)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        if len(view) < HEADER.size:
+            return
+        magic, version, _flags, nfuncs, nfdes, names_size = HEADER.unpack_from(view, 0)
+        if magic != MAGIC or version != FORMAT_VERSION:
+            return
+        arrays = 3 * nfuncs + 1 + 2 * nfdes
+        if HEADER.size + 8 * arrays + names_size != len(view):
+            return
+        words = view[HEADER.size:HEADER.size + 8 * arrays]
+        if sys.byteorder == "little":
+            q = words.cast("Q")
+        else:                                       # (the format is little-endian)
+            a = array.array("Q", bytes(words))
+            a.byteswap()
+            q = memoryview(a)
+        self._starts = q[0:nfuncs]
+        self._ends = q[nfuncs:2 * nfuncs]
+        self._noffs = q[2 * nfuncs:3 * nfuncs + 1]
+        self._fstarts = q[3 * nfuncs + 1:3 * nfuncs + 1 + nfdes]
+        self._fends = q[3 * nfuncs + 1 + nfdes:]
+        self._names = view[HEADER.size + 8 * arrays:]
+        self.nfuncs, self.nfdes = nfuncs, nfdes
+        self.valid = True
+
+    def __len__(self) -> int:
+        return self.nfuncs
+
+    def _name(self, i: int) -> Optional[str]:
+        lo, hi = self._noffs[i], self._noffs[i + 1]
+        if not lo <= hi <= len(self._names):
+            return None
+        return bytes(self._names[lo:hi]).decode("utf-8", "replace")
+
+    def lookup(self, vaddr: int) -> Optional[Tuple[str, int]]:
+        """(name, start) of the function holding ``vaddr``, None: none."""
+        if not self.nfuncs or not 0 <= vaddr <= U64_MAX:
+            return None
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        if i < 0:
+            return None
+        start = self._starts[i]
+        if not start <= vaddr < self._ends[i]:
+            return None
+        name = self._name(i)
+        return None if name is None else (name, start)
+
+    def fde_start(self, vaddr: int) -> Optional[int]:
+        """The start of the FDE covering ``vaddr``, None: none."""
+        if not self.nfdes or not 0 <= vaddr <= U64_MAX:
+            return None
+        i = bisect.bisect_right(self._fstarts, vaddr) - 1
+        if i < 0:
+            return None
+        start = self._fstarts[i]
+        return start if start <= vaddr < self._fends[i] else None
+
+    def function_range(self, vaddr: int) -> Optional[Tuple[int, int]]:
+        """(start, end) of the function holding ``vaddr``: its symbol's,
+        else the FDE's that covers it; None: neither."""
+        if self.nfuncs and 0 <= vaddr <= U64_MAX:
+            i = bisect.bisect_right(self._starts, vaddr) - 1
+            if i >= 0 and self._starts[i] <= vaddr < self._ends[i]:
+                return self._starts[i], self._ends[i]
+        if self.nfdes and 0 <= vaddr <= U64_MAX:
+            i = bisect.bisect_right(self._fstarts, vaddr) - 1
+            if i >= 0 and self._fstarts[i] <= vaddr < self._fends[i]:
+                return self._fstarts[i], self._fends[i]
+        return None
+
+    def entries(self) -> List[Tuple[int, int, str]]:
+        """(start, end, name) of every function, in address order (names
+        that a damaged index cannot give are left out)."""
+        out = []
+        for i in range(self.nfuncs):
+            name = self._name(i)
+            if name is not None:
+                out.append((self._starts[i], self._ends[i], name))
+        return out
+
+    def fdes(self) -> List[Tuple[int, int]]:
+        return list(zip(self._fstarts, self._fends))
+
+
+# ---------------------------------------------------------------------------
+# Building (the helper's rules, in Python)
+# ---------------------------------------------------------------------------
+def serialize(starts: Sequence[int], ends: Sequence[int], names: Sequence[bytes],
+              fdes: Sequence[Tuple[int, int]]) -> bytes:
+    """The index of these functions (sorted, distinct starts) and FDEs."""
+    n = len(starts)
+    offs = [0] * (n + 1)
+    total = 0
+    for i, nm in enumerate(names):
+        offs[i] = total
+        total += len(nm)
+    offs[n] = total
+    words = array.array("Q")
+    words.extend(min(s, U64_MAX) for s in starts)
+    words.extend(min(e, U64_MAX) for e in ends)
+    words.extend(offs)
+    words.extend(s for s, _e in fdes)
+    words.extend(e for _s, e in fdes)
+    if sys.byteorder != "little":
+        words.byteswap()
+    return (HEADER.pack(MAGIC, FORMAT_VERSION, 0, n, len(fdes), total)
+            + words.tobytes() + b"".join(names))
+
+
+class _Reader:
+    """Bounded reads inside one .eh_frame entry (helper/symbols.c's)."""
+
+    __slots__ = ("d", "pos", "end")
+
+    def __init__(self, d: bytes, pos: int, end: int):
+        self.d, self.pos, self.end = d, pos, end
+
+    def u8(self) -> int:
+        if self.pos >= self.end:
+            raise ValueError("past the entry")
+        self.pos += 1
+        return self.d[self.pos - 1]
+
+    def fixed(self, n: int) -> int:
+        if self.end - self.pos < n:
+            raise ValueError("past the entry")
+        self.pos += n
+        return int.from_bytes(self.d[self.pos - n:self.pos], "little")
+
+    def uleb(self) -> int:
+        v, self.pos = read_uleb(memoryview(self.d)[:self.end], self.pos)
+        return v & U64_MAX
+
+    def sleb(self) -> int:
+        v, self.pos = read_sleb(memoryview(self.d)[:self.end], self.pos)
+        return v & U64_MAX
+
+    def format(self, enc: int) -> int:
+        fmt = enc & 0x0F
+        if fmt == 0x01:
+            return self.uleb()
+        if fmt == 0x09:
+            return self.sleb()
+        size = {0x00: 8, 0x02: 2, 0x03: 4, 0x04: 8, 0x0A: 2, 0x0B: 4, 0x0C: 8}.get(fmt)
+        if size is None:
+            raise ValueError("pointer format")
+        v = self.fixed(size)
+        if fmt in (0x0A, 0x0B) and v >> (8 * size - 1):
+            v -= 1 << (8 * size)
+        return v & U64_MAX
+
+    def pointer(self, enc: int, section_addr: int) -> int:
+        field = section_addr + self.pos
+        v = self.format(enc)
+        app = enc & 0x70
+        if app == 0x10:
+            v += field
+        elif app not in (0x00, 0x30, 0x50):
+            raise ValueError("pointer application")
+        return v & U64_MAX
+
+
+def _entry_at(d: bytes, pos: int) -> Tuple[int, int]:
+    """(body, end) of the .eh_frame entry at pos.  Raises ValueError."""
+    r = _Reader(d, pos, len(d))
+    length = r.fixed(4)
+    if length == 0:
+        raise ValueError("terminator")
+    if length == 0xFFFFFFFF:
+        length = r.fixed(8)
+    if length > len(d) - r.pos or length < 4:
+        raise ValueError("entry past the section")
+    return r.pos, r.pos + length
+
+
+def _cie_encoding(d: bytes, pos: int) -> int:
+    """The FDE pointer encoding of the CIE at pos.  Raises ValueError."""
+    body, end = _entry_at(d, pos)
+    r = _Reader(d, body, end)
+    if r.fixed(4) != 0:
+        raise ValueError("not a CIE")
+    version = r.u8()
+    nul = d.find(b"\0", r.pos, end)
+    if nul < 0:
+        raise ValueError("augmentation string")
+    aug = d[r.pos:nul]
+    r.pos = nul + 1
+    if b"eh" in aug:
+        r.pos += 8
+    if version >= 4:
+        r.pos += 2
+    if r.pos > end:
+        raise ValueError("past the entry")
+    r.uleb()                                        # code alignment
+    r.sleb()                                        # data alignment
+    if version == 1:
+        r.u8()
+    else:
+        r.uleb()                                    # return address register
+    enc = 0                                         # DW_EH_PE_absptr
+    if aug[:1] == b"z":
+        r.uleb()                                    # augmentation data length
+        for ch in aug[1:]:
+            if ch == 0x52:                          # R
+                enc = r.u8()
+            elif ch == 0x4C:                        # L
+                r.u8()
+            elif ch == 0x50:                        # P
+                r.format(r.u8())
+            elif ch not in (0x53, 0x42, 0x47):      # S B G
+                break
+    elif aug not in (b"", b"eh"):
+        raise ValueError("augmentation without z")
+    return enc
+
+
+def fde_ranges(data: bytes, section_addr: int) -> List[Tuple[int, int]]:
+    """(pc_begin, pc_begin + pc_range) of the FDEs of an .eh_frame at
+    ``section_addr``, sorted, one per start (the longest): the rules of
+    helper/symbols.c (the CIE's augmentation gives the pointer encoding, as
+    unwind/ehframe.py reads it; parsing stops at the first malformed entry)."""
+    out = []
+    pos = 0
+    n = len(data)
+    cie_at, cie_enc = -1, -1
+    while n - pos >= 4:
+        try:
+            body, end = _entry_at(data, pos)
+            r = _Reader(data, body, end)
+            ident = r.fixed(4)
+            if ident == 0:
+                _cie_encoding(data, pos)
+                pos = end
+                continue
+            if ident > body:
+                break
+            at = body - ident
+            enc = cie_enc if at == cie_at else _cie_encoding(data, at)
+            cie_at, cie_enc = at, enc
+            begin = r.pointer(enc, section_addr)
+            size = r.format(enc)
+        except (ValueError, IndexError):
+            break
+        pos = end
+        if size and begin + size <= U64_MAX:
+            out.append((begin, begin + size))
+    out.sort()
+    uniq: List[Tuple[int, int]] = []
+    for fr in out:
+        if uniq and uniq[-1][0] == fr[0]:
+            uniq[-1] = fr
+        else:
+            uniq.append(fr)
+    return uniq
+
+
+def eh_frame_of(image, read) -> Tuple[bytes, int]:
+    """(bytes, address) of the first section called .eh_frame of an
+    ElfFile, as the helper reads it: none when it has no bytes in the file
+    (SHT_NOBITS, compressed) or does not lie wholly inside it.  ``read``:
+    (offset, size) -> bytes of the file."""
+    sec = next((s for s in image.sections if s.name == ".eh_frame"), None)
+    if sec is None or sec.type == "SHT_NOBITS" or sec.flags & 0x800:
+        return b"", 0
+    if sec.offset > image.identity.size or sec.size > image.identity.size - sec.offset:
+        return b"", 0
+    data = read(sec.offset, sec.size)
+    return (data, sec.addr) if len(data) == sec.size else (b"", 0)
+
+
+def build_bytes(sources: Sequence, eh_frame: bytes = b"", eh_frame_addr: int = 0) -> bytes:
+    """The index the helper makes, in Python: the functions of
+    ``sources`` (ElfFiles with their symbols loaded: the file, then its
+    debug file) by ``symbols._function_table``, and the FDEs of the file's
+    .eh_frame."""
+    from .symbols import _function_table
+    starts, ends, names = _function_table(sources)
+    raw = [n.encode("utf-8", "surrogateescape") for n in names]
+    return serialize(starts, ends, raw, fde_ranges(eh_frame, eh_frame_addr) if eh_frame else [])
+
+
+# ---------------------------------------------------------------------------
+# Made once per file: helper, disk cache, session
+# ---------------------------------------------------------------------------
+def helper_reads(image) -> bool:
+    """Can the helper read this ElfFile as Python does?  Its ELF reader
+    takes ELF64 little-endian files with a plain section table (no extended
+    numbering), and it leaves compressed symbol tables to Python."""
+    if image.elfclass != 64 or not image.little_endian or not image.plain_section_table:
+        return False
+    for s in image.sections:
+        if s.type in ("SHT_SYMTAB", "SHT_DYNSYM") and (
+                s.flags & 0x800 or image.sections[s.link].flags & 0x800):
+            return False
+    return True
+
+
+def cache_key(identities: Iterable) -> str:
+    """The cache file's name: the format, the rules and the FileIdentity of
+    the file and of its debug file (caches are keyed by content)."""
+    parts = [f"{i.build_id or '-'}:{i.size}:{i.digest}" if i is not None else "none"
+             for i in identities]
+    return hashlib.sha256(f"symindex v{CACHE_VERSION}.{FORMAT_VERSION}:{'|'.join(parts)}"
+                          .encode()).hexdigest()[:32]
+
+
+def _cache_directory() -> Optional[str]:
+    d = cachedir.cache_dir(CACHE_KIND)
+    if d is None or not cachedir.safe_dir(d):
+        return None
+    return d
+
+
+def _map_file(path: str) -> Optional[SymbolIndex]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < HEADER.size:
+            return None
+        idx = SymbolIndex(mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if not idx.valid:
+        return None
+    try:
+        os.utime(path)                  # recently used: kept by _prune
+    except OSError:
+        pass
+    return idx
+
+
+def _prune(directory: str) -> None:
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".sym")]
+        if len(names) <= MAX_FILES:
+            return
+        aged = sorted(names, key=lambda n: os.stat(os.path.join(directory, n)).st_mtime)
+        for n in aged[:len(aged) - MAX_FILES // 2]:
+            os.unlink(os.path.join(directory, n))
+    except OSError:
+        pass
+
+
+class IdentifiedFile:
+    """A file opened once, with its identity as the session's ElfCache
+    computes it: what is then read from it (an index build, a function's
+    code) is that identity's file, whatever happens at its path."""
+
+    def __init__(self, elf_cache, path: str):
+        from . import helper
+        self.fd = helper.open_regular(path)
+        try:
+            self.f = os.fdopen(self.fd, "rb")
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.identity = elf_cache._identify_open(self.f)
+
+    @property
+    def proc_path(self) -> str:
+        return f"/proc/self/fd/{self.fd}"
+
+    def read(self, off: int, n: int) -> bytes:
+        return os.pread(self.fd, n, off)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _wait(job) -> bool:
+    """job.wait(), woken the moment the helper exits (a pidfd): Popen.wait
+    with a timeout polls, sleeping up to 50 ms past the end of each job."""
+    try:
+        fd = os.pidfd_open(job.pid)
+    except (OSError, AttributeError):
+        return job.wait()
+    try:
+        select.select([fd], [], [], max(0.0, job.wall_limit_s - (time.monotonic() - job.started)))
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(fd)
+    return job.wait()
+
+
+def _build_with_helper(files: List[IdentifiedFile], directory: Optional[str],
+                       key: str) -> Optional[SymbolIndex]:
+    from . import helper
+    job = helper.Job(["symbols"], files[0].proc_path, [f.proc_path for f in files[1:]],
+                     wall_limit_s=HELPER_WALL_S)
+    try:
+        if not _wait(job):
+            return None
+        out_fd = job._out.fileno()      # (its output file: copied by the kernel, never read here)
+        if directory is not None:
+            path = os.path.join(directory, key + ".sym")
+            if cachedir.write_private(path, out_fd):
+                _prune(directory)
+                idx = _map_file(path)
+                if idx is not None:
+                    return idx
+        idx = SymbolIndex(job.output())     # caching off: the job's own (unnamed) file
+        return idx if idx.valid else None
+    except (OSError, ValueError, helper.HelperError):
+        return None
+    finally:
+        job.close()
+
+
+def _build_in_python(elf_cache, images: List, files: List[IdentifiedFile],
+                     directory: Optional[str], key: str) -> Optional[SymbolIndex]:
+    sources = []
+    for image, f in zip(images, files):
+        if not image.symbols_loaded:
+            try:
+                image.load_symbols(f.f)
+            except Exception:                       # noqa: BLE001 - unreadable tables: no names
+                return None
+        sources.append(image)
+    eh, addr = eh_frame_of(images[0], files[0].read)
+    data = build_bytes(sources, eh, addr)
+    if directory is not None:
+        path = os.path.join(directory, key + ".sym")
+        if cachedir.write_private(path, data):
+            _prune(directory)
+            idx = _map_file(path)
+            if idx is not None:
+                return idx
+    return SymbolIndex(data)
+
+
+class _Prefetch:
+    """An index being built in the background (prefetch)."""
+
+    def __init__(self, job, files: List[IdentifiedFile], directory: str, key: str):
+        self.job, self.files, self.directory, self.key = job, files, directory, key
+
+    def finish(self, wait: bool) -> bool:
+        """Into the cache once the helper is done; False while it runs."""
+        if wait:
+            _wait(self.job)
+        elif self.job.poll() is None:
+            return False
+        try:
+            if self.job.poll():
+                path = os.path.join(self.directory, self.key + ".sym")
+                if cachedir.write_private(path, self.job._out.fileno()):
+                    _prune(self.directory)
+        finally:
+            self.job.close()
+            for f in self.files:
+                f.close()
+        return True
+
+
+_INFLIGHT: dict = {}                    # cache key -> _Prefetch
+
+
+def prefetch(elf_cache, images: Sequence, paths: Sequence[str]) -> bool:
+    """Start building the index of ``images`` (a file, then maybe its debug
+    file, read from ``paths``) in the background, into the disk cache:
+    the session does so for the files its samples land in while it records,
+    so that the profile at the end finds them built.  Nothing when the cache
+    has it, a build is under way, caching is off or there is no helper.
+    True when a build is under way now."""
+    directory = _cache_directory()
+    if directory is None:
+        return False
+    key = cache_key(im.identity for im in images)
+    if key in _INFLIGHT:
+        return True
+    if os.path.exists(os.path.join(directory, key + ".sym")):
+        return False
+    from . import helper
+    if not helper.available() or not all(helper_reads(im) for im in images):
+        return False
+    files: List[IdentifiedFile] = []
+    try:
+        for p in paths:
+            files.append(IdentifiedFile(elf_cache, p))
+        if any(f.identity != im.identity for f, im in zip(files, images)):
+            raise OSError("replaced")
+        job = helper.Job(["symbols"], files[0].proc_path, [f.proc_path for f in files[1:]],
+                         wall_limit_s=HELPER_WALL_S)
+    except (OSError, helper.HelperError):
+        for f in files:
+            f.close()
+        return False
+    _INFLIGHT[key] = _Prefetch(job, files, directory, key)
+    return True
+
+
+def poll_prefetches() -> int:
+    """The background builds that ended go into the cache; how many run still."""
+    for key, pf in list(_INFLIGHT.items()):
+        if pf.finish(wait=False):
+            del _INFLIGHT[key]
+    return len(_INFLIGHT)
+
+
+def build_for_files(elf_cache, images: Sequence, paths: Sequence[str]) -> SymbolIndex:
+    """The index of the ElfFiles ``images`` (a file, then maybe its debug
+    file) read from ``paths``: from the disk cache, else built by the
+    helper (or in Python without it) and cached.  Empty when a file is not
+    what its ElfFile was made from any more, or cannot be read."""
+    directory = _cache_directory()
+    key = cache_key(im.identity for im in images)
+    pf = _INFLIGHT.pop(key, None)
+    if pf is not None:
+        pf.finish(wait=True)            # a prefetch of this very index: its result
+    if directory is not None:
+        idx = _map_file(os.path.join(directory, key + ".sym"))
+        if idx is not None:
+            return idx
+    files: List[IdentifiedFile] = []
+    try:
+        for p in paths:
+            files.append(IdentifiedFile(elf_cache, p))
+    except OSError:
+        for f in files:
+            f.close()
+        return SymbolIndex()
+    try:
+        if any(f.identity != im.identity for f, im in zip(files, images)):
+            return SymbolIndex()                    # replaced since: nothing exact to index
+        from . import helper
+        idx = None
+        if helper.available() and all(helper_reads(im) for im in images):
+            idx = _build_with_helper(files, directory, key)
+        else:
+            idx = _build_in_python(elf_cache, list(images), files, directory, key)
+        return idx if idx is not None else SymbolIndex()
+    finally:
+        for f in files:
+            f.close()
+
+
+def build_for_image(image, data: bytes) -> SymbolIndex:
+    """The index of an in-memory image (the vDSO: small, built in Python)."""
+    eh, addr = eh_frame_of(image, lambda off, n: data[off:off + n])
+    try:
+        return SymbolIndex(build_bytes([image], eh, addr))
+    except Exception:                               # noqa: BLE001 - unreadable: no names
+        return SymbolIndex()
+
+
+def index_for(elf_cache, images: Sequence, paths: Optional[Sequence[str]] = None,
+              data: Optional[bytes] = None) -> SymbolIndex:
+    """The session's index of ``images`` (made once per their identities):
+    from files at ``paths``, or from the in-memory image ``data``."""
+    ids = tuple(im.identity for im in images)
+    if data is not None:
+        return elf_cache.derived("symindex-mem", ids, lambda: build_for_image(images[0], data))
+    return elf_cache.derived("symindex", ids, lambda: build_for_files(elf_cache, images, paths))
