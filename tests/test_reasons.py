@@ -11,6 +11,7 @@ MAIN = python_frame("main", "app.py", 3)
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 CUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 PY = "/usr/lib/libpython3.12.so.1.0"
+GOMP = "/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1"
 
 
 def stack(*natives, kernel=()):
@@ -34,6 +35,12 @@ CASES = [
     ("sleep", "pysleep before 3.11 (select)", S, 23, stack(("pysleep", PY), ("select", LIBC))),
     ("sleep", "clock_nanosleep", S, 230, stack(("clock_nanosleep", LIBC))),
     ("sleep", "nanosleep", S, 35, stack()),
+    ("omp", "futex in torch's bundled, stripped libgomp", S, 202,
+     stack(("GOMP_parallel", GOMP), ("libgomp.so.1@0x1de20", GOMP))),
+    ("omp", "LLVM libomp's wait through the C library", S, 202,
+     stack(("__kmp_suspend_64", "/usr/lib/x86_64-linux-gnu/libomp.so.5"), ("pthread_cond_wait", LIBC))),
+    ("lock", "futex in the C library under code that is not OpenMP's", S, 202,
+     stack(("GOMP_parallel", GOMP), ("worker_fn", "/app/libwork.so"), ("pthread_mutex_lock", LIBC))),
     ("lock", "futex", S, 202, stack(("PyThread_acquire_lock_timed", PY), ("sem_clockwait", LIBC))),
     ("lock", "futex uninterruptible is still a lock", D, 202, stack()),
     ("poll", "epoll_wait", S, 232, stack(("epoll_wait", LIBC))),
@@ -83,3 +90,25 @@ def test_gpu_spin_is_a_synchronize_call():
     assert reasons.gpu_spin(stack(("cudaDeviceSynchronize", "/x/libcudart.so.12")))
     assert not reasons.gpu_spin(stack(("cuLaunchKernel", CUDA)))
     assert not reasons.gpu_spin([python_frame("cudaDeviceSynchronize", "a.py", 1)])
+
+
+def test_omp_spin_is_a_wait_reached_through_the_runtime_and_libc_only():
+    """merge.Merger.omp_spin: from the leaf up through the OpenMP runtime's
+    and the C library's frames, a wait function (one whose code spins) comes
+    before any other code; what the runtime runs for the program is work."""
+    from types import SimpleNamespace
+
+    from pyoffcpu.merge import Merger
+    omp = "/usr/lib/x86_64-linux-gnu/libomp.so.5"
+    wait = native_frame("libomp.so.5@0x7bdb0", omp)
+    merger = SimpleNamespace(spin_frames={wait})
+
+    def spins(*natives):
+        return Merger.omp_spin(merger, tuple(stack(*natives, kernel=("schedule",))))
+    assert spins(("start_thread", LIBC), ("libomp.so.5@0x7bdb0", omp))
+    assert spins(("libomp.so.5@0x7bdb0", omp), ("__sched_yield", LIBC))           # yields while it waits
+    assert spins(("libomp.so.5@0x7bdb0", omp), ("libomp.so.5@0x4bda0", omp))      # a helper of the wait
+    # a task the waiting thread picked up, and what it calls: work
+    assert not spins(("libomp.so.5@0x7bdb0", omp), ("task_body", "/app/libwork.so"))
+    assert not spins(("libomp.so.5@0x7bdb0", omp), ("task_body", "/app/libwork.so"), ("memcpy", LIBC))
+    assert not spins(("start_thread", LIBC), ("libomp.so.5@0x478c0", omp))        # no wait on the way

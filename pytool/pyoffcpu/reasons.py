@@ -21,7 +21,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence
 from . import bpfdefs
 from .profile import Frame, FrameKind
 
-REASONS = ("runqueue", "sleep", "lock", "gil", "io", "poll", "disk", "page-fault", "gpu", "other")
+REASONS = ("runqueue", "sleep", "lock", "gil", "omp", "io", "poll", "disk", "page-fault", "gpu", "other")
 
 SYS_SLEEP = {35: "nanosleep", 230: "clock_nanosleep"}
 SYS_LOCK = {202: "futex", 449: "futex_waitv", 65: "semop", 220: "semtimedop"}
@@ -51,6 +51,13 @@ SLEEP_FUNCTIONS = frozenset({"pysleep", "time_sleep"})     # CPython's time.slee
 GPU_LIBRARY = re.compile(r"^lib(cuda|cudart|nccl)(\.|_|-|$)")
 GPU_SYNC = re.compile(r"^(cu|cuda)(Ctx|Device|Stream|Event)Synchronize")
 GPU_SPIN = "[gpu-spin]"
+# OpenMP runtimes: GNU libgomp (Debian's libgomp1; the copies wheels bundle,
+# torch's libgomp.so.1, scikit-learn's libgomp-<hash>.so.1), LLVM's libomp,
+# Intel's libiomp5
+OMP_LIBRARY = re.compile(r"^lib(gomp|omp|iomp5)([.\-_]|$)")
+# the C library's own frames under a wait (pthread_cond_wait, futex wrappers)
+C_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux[\w-]*)\.so")
+OMP_SPIN = "[omp-spin]"
 
 
 UNKNOWN = -1                        # Wait.sys: no user registers to tell
@@ -86,6 +93,24 @@ def _under_gpu(w: Wait) -> bool:
     return any(gpu_library(f.module) for f in w.natives)
 
 
+def omp_library(module: Optional[str]) -> bool:
+    return bool(module) and bool(OMP_LIBRARY.match(os.path.basename(module)))
+
+
+def c_library(module: Optional[str]) -> bool:
+    return bool(module) and bool(C_LIBRARY.match(os.path.basename(module)))
+
+
+def _in_omp(w: Wait) -> bool:
+    """The innermost native frame outside the C library is an OpenMP
+    runtime's: the runtime itself waits (libgomp's futex, libomp's
+    pthread_cond_wait), not code it runs for the program."""
+    for f in w.natives:
+        if not c_library(f.module):
+            return omp_library(f.module)
+    return False
+
+
 RULES: Sequence[Rule] = (
     Rule("runqueue", "preempted while runnable: waiting for a CPU",
          lambda w: w.kind == bpfdefs.KIND_RUNQUEUE),
@@ -97,6 +122,9 @@ RULES: Sequence[Rule] = (
          lambda w: _blocked(w) and any(n in SLEEP_FUNCTIONS for n in _names(w))),
     Rule("sleep", "in nanosleep or clock_nanosleep",
          lambda w: _blocked(w) and w.sys in SYS_SLEEP),
+    Rule("omp", "in futex or a System V semaphore where the innermost frame outside libc is an "
+         "OpenMP runtime's (libgomp, libomp, libiomp5): waiting for work, at a barrier, on an OpenMP lock",
+         lambda w: _blocked(w) and w.sys in SYS_LOCK and _in_omp(w)),
     Rule("lock", "in futex or a System V semaphore: a mutex, a condition variable, a lock",
          lambda w: _blocked(w) and w.sys in SYS_LOCK),
     Rule("poll", "in select, poll or epoll",
@@ -142,6 +170,18 @@ def with_sys(kind: int, sys: Optional[int]) -> int:
     if sys == UNKNOWN:
         return kind
     return kind | ((bpfdefs.SYS_OUTSIDE if sys is None else sys + 1) << bpfdefs.SYS_SHIFT)
+
+
+def spin_code(code: bytes, address: int) -> bool:
+    """Does this function's code hold a `pause` (x86's spin-wait hint)?  In
+    an OpenMP runtime only its waits do (libgomp's do_spin, libomp's
+    __kmp_wait_template and the yields after): the CPU time there is a
+    thread waiting for work or at a barrier, not work."""
+    from .unwind import prologue
+    md = prologue._capstone()
+    if md is None or len(code) > prologue.MAX_FUNCTION_BYTES:
+        return False
+    return any(m == "pause" for _a, _s, m, _o in md.disasm_lite(code, address))
 
 
 def gpu_spin(frames: Sequence[Frame]) -> bool:
