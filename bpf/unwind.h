@@ -73,6 +73,10 @@ BPF_PERCPU_ARRAY(unwind_scratch, struct unwind_state, 3);   /* 0: on-CPU, 1: sch
 /* Per process: pcs found in no mapping of unwind_procs.  User space reads
  * the process's maps again when this grows (a library just loaded). */
 BPF_F_TABLE("hash", u32, u64, unwind_misses, MAX_UNWIND_PROCS, BPF_F_NO_PREALLOC);
+/* Per file whose table is still being built (its id, unwind_map.npages):
+ * the walks that stopped there.  User space builds the files that stacks
+ * reach first. */
+BPF_F_TABLE("hash", u32, u64, unwind_pending, MAX_UNWIND_PENDING, BPF_F_NO_PREALLOC);
 BPF_PROG_ARRAY(unwind_perf_progs, 1);
 BPF_PROG_ARRAY(unwind_tp_progs, 2);     /* 0: unwind_tp, 1: memo_tp (the entry) */
 BPF_PROG_ARRAY(unwind_wake_progs, 2);   /* --wakers: 0 unwind_wake, 1 memo_wake (the entry) */
@@ -221,7 +225,8 @@ BPF_PERCPU_ARRAY(row_cache, struct row_cache_ent, ROW_CACHE);
 
 /* The unwind rule in force at pc: 1 with *out set; 0 when its mapping has
  * no table (or pc is in none: NST_UNMAPPED set); -1 when the table has no
- * row for it. */
+ * row for it; -2 when its table is not built yet (NST_PENDING set: the walk
+ * stops there, frame pointers would guess). */
 static __always_inline int unwind_rule(struct unwind_state *s, struct proc_unwind *pu, u64 pc,
                                        struct unwind_row *out)
 {
@@ -234,6 +239,12 @@ static __always_inline int unwind_rule(struct unwind_state *s, struct proc_unwin
         if (!m) {
             s->st.flags |= NST_UNMAPPED;
             return 0;
+        }
+        if (m->file == UNWIND_FILE_PENDING) {
+            u32 id = m->npages;
+            s->st.flags |= NST_PENDING;
+            unwind_pending.atomic_increment(id);
+            return -2;
         }
         if (!m->nrows)
             return 0;
@@ -277,6 +288,18 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
     u32 method = METHOD_TABLE;
     struct unwind_row row;
     int found = unwind_rule(s, pu, lookup_pc, &row);
+    if (found == -2)
+        return 1;                   /* as far as the tables built so far allow */
+    if (found == 0 && (s->st.flags & NST_UNMAPPED)) {
+        /* A pc in no mapping of the process's entry: anonymous memory, JIT
+         * code (every file mapping is registered, with or without a table),
+         * or a library loaded since user space last looked (it looks again:
+         * unwind_misses).  Frame pointers there would guess: JIT code keeps
+         * rbp as a general register, or leaves the caller's, which skips
+         * the frame that called it.  The walk ends. */
+        s->st.flags |= NST_INCOMPLETE;
+        return 1;
+    }
     if (found < 0) {
         s->st.flags |= NST_INCOMPLETE;
         return 1;
@@ -323,9 +346,8 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
                 rbp_at = rb * 8;
         }
     } else {
-        /* No table: frame pointers (JIT code, an object that did not fit,
-         * a library loaded since user space last looked; unwind_rule has
-         * flagged a pc in no mapping). */
+        /* A file mapping without a table (none could be made, or it did
+         * not fit): frame pointers. */
         if (bp <= sp || bp - sp > (8ULL << 20)) {
             s->st.flags |= NST_INCOMPLETE;
             return 1;

@@ -12,6 +12,8 @@
 #define UNWIND_SEARCH_STEPS 10      /* rows per page <= 1 << UNWIND_SEARCH_STEPS */
 #define MAX_UNWIND_FILES 16384      /* tables loaded at once (one per file): slots of unwind_files */
 #define MAX_UNWIND_PROCS 16384      /* processes with tables (unwind_procs, not preallocated) */
+#define UNWIND_FILE_PENDING 0xFFFFFFFFU   /* unwind_map.file of a table not built yet */
+#define MAX_UNWIND_PENDING 16384    /* files waiting for their tables, counted in unwind_pending */
 #define UNWIND_WIN 4096             /* bytes of stack read at once (at most a page); power of two */
 
 /* unwind_row.kind */
@@ -46,8 +48,10 @@ struct unwind_map {
     unsigned long long start, end;  /* runtime addresses */
     unsigned long long base;        /* runtime address of the table's pc 0 */
     unsigned int file;              /* slot in unwind_files: the array of the file's
-                                       table (the page index, then the rows) */
-    unsigned int npages;            /* page index entries - 1; rows follow the index */
+                                       table (the page index, then the rows);
+                                       UNWIND_FILE_PENDING: not built yet */
+    unsigned int npages;            /* page index entries - 1; rows follow the index
+                                       (a pending file: its id in unwind_pending) */
     unsigned int nrows;             /* 0: no table, walk by frame pointer */
     unsigned int page_shift;
 };
@@ -65,6 +69,7 @@ struct proc_unwind {
 #define NST_FRAMEPOINTER 4          /* some frames were found by frame pointer */
 #define NST_UNMAPPED     8          /* a pc in no mapping known to unwind_procs */
 #define NST_PROLOGUE     16         /* some frames were unwound by prologue-analysis rows */
+#define NST_PENDING      32         /* stopped at a mapping whose table is still being built */
 
 /* native_stack.methods: frames found by each method, one byte each */
 #define METHOD_TABLE     0          /* a row from an FDE */

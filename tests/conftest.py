@@ -215,8 +215,14 @@ def pyoffcpu_cmd(*args):
 
 
 def env():
+    """pyoffcpu's environment in the tests: with --tables-first
+    (PYOFFCPU_TABLES_FIRST=1), so that what a test checks of native stacks
+    is not cut by a table still being made when its short recording starts
+    (the default, tables made while the recording runs, is what
+    test_torch_bpf.py's cold start checks)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.path.join(ROOT, "pytool") + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("PYOFFCPU_TABLES_FIRST", "1")
     return e
 
 
@@ -269,16 +275,16 @@ class NsWorkload(Workload):
         return lambda tid: table[tid]
 
 
-def run_pyoffcpu(*args, timeout=120):
-    return subprocess.run(pyoffcpu_cmd(*args), env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+def run_pyoffcpu(*args, timeout=120, env_extra=None):
+    return subprocess.run(pyoffcpu_cmd(*args), env=dict(env(), **(env_extra or {})), capture_output=True,
+                          text=True, timeout=timeout)
 
 
-def record_folded(tmp_path, *args, name="out.folded"):
+def record_folded(tmp_path, *args, name="out.folded", env_extra=None, timeout=120):
     """Run pyoffcpu to a folded file; returns (CompletedProcess, Profile)."""
     from pyoffcpu.profile import from_folded
     out = tmp_path / name
-    res = run_pyoffcpu("-o", str(out), *args)
+    res = run_pyoffcpu("-o", str(out), *args, env_extra=env_extra, timeout=timeout)
     assert res.returncode == 0, res.stderr
     return res, from_folded(out.read_text())
 
@@ -300,46 +306,17 @@ def wait_for_recording(proc, timeout=60):
     raise AssertionError("pyoffcpu did not start recording: " + "".join(seen))
 
 
-VENV_CACHE = os.environ.get("PYOFFCPU_TEST_VENVS", "/var/cache/pyoffcpu/test-venvs")
-
-
 def cached_venv(name, base_python, packages):
-    """The python of a venv made from base_python with packages from PyPI,
-    kept across test runs outside the clone (PyTorch is ~5 GB): under
-    VENV_CACHE, named by `name` and a hash of the interpreter and the pinned
-    packages, so another pin is another venv.  It is made in a directory of
-    its own and renamed into place once complete (a run killed halfway
-    leaves nothing that looks ready).  Skips (a failure under CI) when pip
-    cannot install them."""
-    import fcntl
-    import hashlib
-    import shutil
-    key = hashlib.sha256(repr((os.path.realpath(base_python), sorted(packages))).encode()).hexdigest()[:12]
-    dest = os.path.join(VENV_CACHE, f"{name}-{key}")
-    python = os.path.join(dest, "bin", "python")
-    os.makedirs(VENV_CACHE, mode=0o700, exist_ok=True)
-    with open(os.path.join(VENV_CACHE, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.access(python, os.X_OK):
-            return python
-        work = dest + ".partial"
-        shutil.rmtree(work, ignore_errors=True)
-        subprocess.run([base_python, "-m", "venv", work], check=True)
-        pip = subprocess.run([os.path.join(work, "bin", "python"), "-m", "pip", "install", "-q",
-                              "--disable-pip-version-check", *packages],
-                             capture_output=True, text=True)
-        if pip.returncode != 0:
-            shutil.rmtree(work, ignore_errors=True)
-            pytest.skip(f"{' '.join(packages)} cannot be installed from PyPI: " + pip.stderr[-300:])
-        # bin/python finds its venv by its own place: a renamed venv works
-        # (only the scripts' #! lines name the old place; the tests run python -m)
-        os.rename(work, dest)
-        return python
-
-
-TORCH = "torch==2.14.1"     # the default (CUDA) wheel from PyPI, run on the CPU: issue 23's
+    """venvs.cached_venv, skipped (a failure under CI) when pip cannot
+    install the packages."""
+    import venvs
+    try:
+        return venvs.cached_venv(name, base_python, packages)
+    except venvs.VenvError as e:
+        pytest.skip(str(e))
 
 
 def torch_python():
     """pyenv 3.11 with PyTorch from PyPI, cached across runs (cached_venv)."""
-    return cached_venv("torch", python_or_skip("pyenv-3.11"), [TORCH])
+    import venvs
+    return cached_venv("torch", python_or_skip("pyenv-3.11"), [venvs.TORCH])

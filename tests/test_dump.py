@@ -4,6 +4,7 @@ one thread and wanted by another, a thread spinning in C with the GIL, a
 sleeper), on every supported interpreter."""
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -121,7 +122,11 @@ def test_subprocesses_are_dumped_too():
         res = subprocess.run(pyoffcpu_cmd("dump", "-p", str(w.pid), "--json", "--subprocesses"), env=env(),
                              capture_output=True, text=True, timeout=60)
     finally:
+        with open(f"/proc/{w.pid}/task/{w.pid}/children") as f:
+            child_pids = [int(c) for c in f.read().split()]
         w.stop()
+        for c in child_pids:            # the deadlocked child outlives its parent otherwise
+            os.kill(c, signal.SIGKILL)
     assert res.returncode == 0, res.stderr
     dumps = json.loads(res.stdout)
     assert len(dumps) == 2 and dumps[0]["pid"] == w.pid

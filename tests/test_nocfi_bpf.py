@@ -104,6 +104,9 @@ def stripped(tmp_path_factory):
 
 
 UNKNOWN = re.compile(r"^\[unknown\] nocfi\.so\+0x([0-9a-f]+)$")
+# a function no symbol names but an FDE covers: named by the FDE's start,
+# which must be the function's own start in the unstripped build
+BY_FDE = re.compile(r"^nocfi\.so@0x([0-9a-f]+)$")
 
 
 def named(frames, funcs):
@@ -116,6 +119,11 @@ def named(frames, funcs):
             addr = int(m.group(1), 16)
             i = bisect.bisect_right(starts, addr) - 1
             if i >= 0 and addr < funcs[i][1]:
+                f = dataclasses.replace(f, name=funcs[i][2])
+        m = BY_FDE.match(f.name)
+        if m:
+            i = bisect.bisect_left(starts, int(m.group(1), 16))
+            if i < len(starts) and starts[i] == int(m.group(1), 16):
                 f = dataclasses.replace(f, name=funcs[i][2])
         out.append(f)
     return tuple(out)

@@ -95,6 +95,8 @@ NST_INCOMPLETE = value("NST_INCOMPLETE")
 NST_FRAMEPOINTER = value("NST_FRAMEPOINTER")
 NST_UNMAPPED = value("NST_UNMAPPED")
 NST_PROLOGUE = value("NST_PROLOGUE")
+NST_PENDING = value("NST_PENDING")
+UNWIND_FILE_PENDING = value("UNWIND_FILE_PENDING")
 # native_stack.methods: frames found by each method, carried in the stack's
 # flags from bit 32 on (one byte per method), as user space keeps them
 METHOD_TABLE, METHOD_PROLOGUE, METHOD_FP = (value(n) for n in ("METHOD_TABLE", "METHOD_PROLOGUE", "METHOD_FP"))

@@ -123,6 +123,24 @@ def create_array(name: str, value_size: int, max_entries: int, flags: int = 0) -
     return _map_create(_ARRAY, 4, value_size, max_entries, flags, name)
 
 
+_MAP_UPDATE_BATCH = 26
+
+
+def update_batch(fd: int, keys: List[int], values: List[int]) -> None:
+    """u32 keys -> u32 values in one BPF_MAP_UPDATE_BATCH: for an array of
+    maps, one wait for the programs that may hold an old slot (~9 ms here)
+    instead of one per slot.  Raises OSError (then update one by one)."""
+    n = len(keys)
+    if not n:
+        return
+    ka = (ct.c_uint32 * n)(*keys)
+    va = (ct.c_uint32 * n)(*values)
+    a = _attr()
+    # in_batch, out_batch, keys, values, count, map_fd, elem_flags, flags
+    struct.pack_into("<QQQQIIQQ", a, 0, 0, 0, ct.addressof(ka), ct.addressof(va), n, fd, 0, 0)
+    _bpf(_MAP_UPDATE_BATCH, a)
+
+
 def _map_elem(cmd: int, fd: int, key, value=None, flags: int = 0) -> int:
     a = _attr()
     struct.pack_into("<I4xQQQ", a, 0, fd, _addr(key), _addr(value), flags)
@@ -645,11 +663,15 @@ class Program:
             self.funcs[key] = fn
         return fn
 
-    def load_funcs_parallel(self, specs: Sequence[Tuple[str, int]], optional: Iterable[str] = ()) -> None:
+    def load_funcs_parallel(self, specs: Sequence[Tuple[str, int]], optional: Iterable[str] = (),
+                            meanwhile: Optional[Callable[["Program"], None]] = None) -> None:
         """Load several programs at once (the verifier runs in the calling
         thread, and ctypes lets go of the GIL meanwhile).  A program named in
         optional that fails is kept in load_errors (load_func raises it)
-        instead of failing the call."""
+        instead of failing the call.  meanwhile(self): work of the caller's
+        done in this thread while the verifier runs in the others (the maps
+        exist; no program runs yet).  What it raises is raised after the
+        programs are loaded."""
         errors: List[BaseException] = []
         optional = {_b(n) for n in optional}
 
@@ -664,13 +686,22 @@ class Program:
                     errors.append(e)
             except BaseException as e:           # noqa: BLE001 (re-raised below)
                 errors.append(e)
-        threads = [threading.Thread(target=one, args=s) for s in specs[1:]]
+        mine = specs[:0] if meanwhile is not None else specs[:1]
+        threads = [threading.Thread(target=one, args=s) for s in specs[len(mine):]]
         for t in threads:
             t.start()
-        if specs:
-            one(*specs[0])
+        for s in mine:
+            one(*s)
+        failed = None
+        if meanwhile is not None:
+            try:
+                meanwhile(self)
+            except BaseException as e:      # noqa: BLE001 (raised once the threads are done)
+                failed = e
         for t in threads:
             t.join()
+        if failed is not None:
+            raise failed
         if errors:
             raise errors[0]
 
@@ -1106,7 +1137,8 @@ def compile_in_child(text: str, cflags: Sequence[str]) -> dict:
 def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
          preload: Sequence[Tuple[str, int]] = (), optional: Sequence[Tuple[str, int]] = (),
          notices: Optional[List[str]] = None, cache_dir: Optional[str] = "default",
-         log_level: int = 0, sizes: Optional[Dict[str, int]] = None) -> Program:
+         log_level: int = 0, sizes: Optional[Dict[str, int]] = None,
+         meanwhile: Optional[Callable[["Program"], None]] = None) -> Program:
     """The programs of text compiled with cflags, from the cache or from bcc,
     with every raw_tracepoint__<tp> function attached except the tps in
     skip, and the (function, program type) pairs of preload and optional
@@ -1116,8 +1148,9 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
     (map name -> entries) makes hash and stack maps smaller than the source
     says, for what this session needs: the kernel reserves a preallocated
     map's memory whole.  A map's size is not in the instructions, so the
-    cached programs serve every size.  Raises BpfError (one line) or what
-    bcc raises on a miss."""
+    cached programs serve every size.  meanwhile: the caller's work, done
+    while the verifier runs (load_funcs_parallel).  Raises BpfError (one
+    line) or what bcc raises on a miss."""
     notices = notices if notices is not None else []
     directory = default_cache_dir() if cache_dir == "default" else cache_dir
     key = cache_key(text, cflags) if directory else None
@@ -1132,7 +1165,7 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
             notices.append(f"BPF program cache {path}: {e}; compiled again")
     if entry is not None:
         try:
-            prog = _start(entry, skip, preload, optional, log_level, sizes)
+            prog = _start(entry, skip, preload, optional, log_level, sizes, meanwhile)
             prog.from_cache = True
             return prog
         except Exception as e:                          # noqa: BLE001 (compiled again below)
@@ -1141,7 +1174,7 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
     entry = compile_in_child(text, cflags)
     entry["key"] = key
     _check(entry, key)
-    prog = _start(entry, skip, preload, optional, log_level, sizes)
+    prog = _start(entry, skip, preload, optional, log_level, sizes, meanwhile)
     if path:
         _write_entry(directory, path, entry)
     return prog
@@ -1168,7 +1201,8 @@ def _resized(entry: dict, sizes: Optional[Dict[str, int]]) -> dict:
 
 def _start(entry: dict, skip: Iterable[str], preload: Sequence[Tuple[str, int]],
            optional: Sequence[Tuple[str, int]], log_level: int,
-           sizes: Optional[Dict[str, int]] = None) -> Program:
+           sizes: Optional[Dict[str, int]] = None,
+           meanwhile: Optional[Callable[["Program"], None]] = None) -> Program:
     entry = _resized(entry, sizes)
     for m in entry["maps"]:                     # every type decodes, before anything is made
         try:
@@ -1182,7 +1216,7 @@ def _start(entry: dict, skip: Iterable[str], preload: Sequence[Tuple[str, int]],
         auto = [n for n in prog.function_names()
                 if n.startswith(AUTOLOAD_PREFIX) and n[len(AUTOLOAD_PREFIX):] not in skip]
         specs = [(n, RAW_TRACEPOINT) for n in auto] + list(preload) + list(optional)
-        prog.load_funcs_parallel(specs, optional=[n for n, _ in optional])
+        prog.load_funcs_parallel(specs, optional=[n for n, _ in optional], meanwhile=meanwhile)
         for n in auto:
             prog.attach_raw_tracepoint(tp=n[len(AUTOLOAD_PREFIX):], fn_name=n)
     except BaseException:

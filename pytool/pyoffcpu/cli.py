@@ -111,10 +111,15 @@ def fail(msg: str, todo: str = "", code: int = 1):
 @click.option("--keep-tids", is_flag=True,
               help="Keep every thread that ended under its own root (default: ended threads "
                    "that started in the same function fold into one `threads N ended` root).")
+@click.option("--tables-first", is_flag=True,
+              help="Make every native unwind table the targets need before recording (complete native "
+                   "stacks from the first sample; a slower start when they are not cached). Default: "
+                   "recording starts at once and tables not cached yet are made while it runs "
+                   "(env PYOFFCPU_TABLES_FIRST=1 sets it for every command).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt,
            only_reasons, min_block_us, max_block_us, wakers, kernel, no_threads, full_paths,
-           keep_tids, command):
+           keep_tids, tables_first, command):
     """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
     from .export import check_writable, format_for_path
     from .reasons import REASONS
@@ -169,12 +174,13 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
         except OSError as e:
             fail(f"cannot write to the current directory: {e.strerror or e}", "give -o PATH")
 
-    from .session import Options
+    from .session import Options, tables_first_env
     opts = Options(pids=list(pids), command=list(command), duration=duration,
                    frequency=frequency, mode=mode, kernel=kernel, fold_threads=not keep_tids,
                    system_wide=all_, match=match, uid=uid, python_only=python_only,
                    follow=subprocesses, min_block_ns=min_block_us * 1000,
-                   max_block_ns=(max_block_us or 0) * 1000, wakers=wakers)
+                   max_block_ns=(max_block_us or 0) * 1000, wakers=wakers,
+                   tables_first=tables_first or tables_first_env())
     try:
         _record(opts, output, fmt, not no_threads, full_paths, only_reasons)
     except ProfilerError as e:
@@ -205,6 +211,8 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     def started():
         click.echo(f"pyoffcpu: recording {target} ({opts.mode} mode, {opts.frequency} Hz"
                    + (f", {opts.duration:g} s" if opts.duration else ", Ctrl-C to stop") + ")", err=True)
+        for notice in session.start_notices:
+            click.echo(f"pyoffcpu: notice: {notice}", err=True)
     session = Session(opts, platform, status=_status_line if sys.stderr.isatty() else None,
                       started=started)
 
@@ -245,7 +253,9 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     samples, blocked = rec.totals()
     py = f", CPython {prof.meta.python_version}" if prof.meta.python_version else ""
     click.echo(f"pyoffcpu: recorded {rec.duration_s:.1f} s of {prof.meta.target} ({comm}{py}): "
-               f"{samples} samples, {blocked / 1e9:.2f} s off-CPU", err=True)
+               f"{samples} samples, {blocked / 1e9:.2f} s off-CPU"
+               + ("; the process exited" if session.stop_reason == "target exited" and not opts.command else ""),
+               err=True)
     drops = {k: v for k, v in rec.drops.items() if v}
     if drops:
         def lost(k):
@@ -262,6 +272,17 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     if stats.python_ns:
         click.echo(f"pyoffcpu: native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
                    "of the Python time (native frames above the interpreter only)", err=True)
+    if stats.pending_ns and stats.native_ns:
+        libs = sorted(stats.pending_libs.items(), key=lambda kv: -kv[1])
+        named = ", ".join(f"{name} {ns / 1e9:.2f} s" for name, ns in libs[:3]) + (", ..." if len(libs) > 3 else "")
+        click.echo(f"pyoffcpu: native table not ready: {stats.pending_ns / 1e9:.2f} s "
+                   f"({100 * stats.pending_ns / stats.native_ns:.1f}% of the native-stack time) stopped at a "
+                   f"library whose unwind table was still being made ({named}); "
+                   "those stacks start with [native table not ready]", err=True)
+    if stats.jit_ns and stats.native_ns:
+        click.echo(f"pyoffcpu: native stacks that end in code made at run time ([jit]): {stats.jit_ns / 1e9:.2f} s "
+                   f"({100 * stats.jit_ns / stats.native_ns:.1f}% of the native-stack time); nothing says "
+                   "where its frames are, so the walk stops there and its Python frames stay", err=True)
     if stats.prologue_ns or stats.framepointer_ns:
         share = lambda ns: f"{100 * ns / stats.native_ns:.0f}%" if stats.native_ns else "0%"   # noqa: E731
         click.echo(f"pyoffcpu: native stacks through code without CFI: {share(stats.prologue_ns)} of the "

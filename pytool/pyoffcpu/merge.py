@@ -9,6 +9,8 @@ trustworthy native leaf frames, and count the fallback.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -17,6 +19,7 @@ from . import bpfdefs
 from .bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
 from . import reasons
 from .session import NO_STACK, UNSAMPLED, Recording
+from .symbols import JIT_FRAME
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
 OWNER_GENERATOR = 1
@@ -33,6 +36,9 @@ class MergeStats:
     native_ns: int = 0          # weight of stacks walked from unwind tables
     prologue_ns: int = 0        # ... that needed rows from prologue analysis (no CFI)
     framepointer_ns: int = 0    # ... that needed frame pointers (no table)
+    pending_ns: int = 0         # ... that stopped at a library whose table was not ready yet
+    pending_libs: Dict[str, int] = field(default_factory=dict)  # that library -> the time it stopped
+    jit_ns: int = 0             # ... that ended in code made at run time ([jit]: no frame is guessed there)
     # frames found by each method (bpfdefs.METHOD_NAMES), each weighted by its stack's time
     method_frame_ns: Dict[str, int] = field(default_factory=dict)
     torn_stacks: int = 0        # Python stacks cut at a frame that is not a code object
@@ -72,6 +78,10 @@ class Merger:
         self._py_cache: Dict[int, Tuple[List[List[P.Frame]], bool]] = {}
         self._short = P.PathShortener()
         self._waker_cache: Dict[tuple, Tuple[P.Frame, ...]] = {}
+        # native frames of an OpenMP runtime's waits (reasons.spin_code): on
+        # the CPU there, a thread spins waiting for work or at a barrier
+        self.spin_frames: set = set()
+        self._spins: Dict[tuple, bool] = {}
 
     # -- native ---------------------------------------------------------------
     def native_frame(self, pid: int, addr: int) -> Optional[NativeFrame]:
@@ -87,8 +97,39 @@ class Merger:
             sym = self.sym.resolve_user(pid, addr, space)
             nf = NativeFrame(P.native_frame(self.sym.frame_name(sym), sym.module),
                              sym.module, sym.name is not None)
+            if reasons.omp_library(sym.module) and self._omp_spins(pid, addr, space):
+                self.spin_frames.add(nf.frame)
         self._native_cache[key] = nf
         return nf
+
+    def _omp_spins(self, pid: int, addr: int, space) -> bool:
+        """Is the function at addr (in an OpenMP runtime) one of its waits?
+        Decided once per function, from its code."""
+        got = self.sym.function_code(pid, addr, space)
+        if got is None:
+            return False
+        key = (got[0], got[1])          # (the file's identity, the function's start)
+        if key not in self._spins:
+            self._spins[key] = reasons.spin_code(got[3], got[1])
+        return self._spins[key]
+
+    def omp_spin(self, frames: Tuple[P.Frame, ...]) -> bool:
+        """An on-CPU stack inside an OpenMP runtime's wait: from the leaf
+        up, through the runtime's own frames and the C library's (a wait
+        calls sched_yield, or a helper of its own without a spin loop), a
+        wait function is reached before any other code.  Code the runtime
+        runs for the program (a parallel region's body, a task a waiting
+        thread picks up) stops the look: that is work."""
+        for f in reversed(frames):
+            if f.kind is P.FrameKind.KERNEL:
+                continue
+            if f.kind is not P.FrameKind.NATIVE:
+                return False
+            if f in self.spin_frames:
+                return True
+            if not (reasons.omp_library(f.module) or reasons.c_library(f.module)):
+                return False
+        return False
 
     def kernel_frames(self, kstack: int) -> List[P.Frame]:
         """Leaf first, without the profiler's own frames at the leaf (the
@@ -239,6 +280,12 @@ class Merger:
                 self.stats.prologue_ns += ns
             if nflags & bpfdefs.NST_FRAMEPOINTER:
                 self.stats.framepointer_ns += ns
+            if nflags & bpfdefs.NST_PENDING:
+                self.stats.pending_ns += ns
+                stop = self._stopped_in(tgid, ustack)
+                self.stats.pending_libs[stop] = self.stats.pending_libs.get(stop, 0) + ns
+            if nflags & bpfdefs.NST_UNMAPPED and native and native[-1].frame.name == JIT_FRAME:
+                self.stats.jit_ns += ns
             for name, n in bpfdefs.frame_methods(nflags).items():
                 self.stats.method_frame_ns[name] = self.stats.method_frame_ns.get(name, 0) + n * ns
         groups, truncated = self.python_groups(pyhash) if pyhash else ([], False)
@@ -252,11 +299,20 @@ class Merger:
         root_first = leaf_first[::-1]
         if truncated or (walked and nflags & NST_TRUNCATED):
             root_first.insert(0, P.TRUNCATED)
+        if walked and nflags & bpfdefs.NST_PENDING:
+            root_first.insert(0, P.TABLE_NOT_READY)
         if pyhash and pyhash not in self.rec.pystacks:
             root_first.insert(0, P.PYTHON_LOST)
         if kstack >= 0:
             root_first.extend(reversed(self.kernel_frames(kstack)))
         return tuple(root_first)
+
+    def _stopped_in(self, tgid: int, ustack: int) -> str:
+        """The file whose table a pending walk stopped at: its last pc's."""
+        pcs = self.rec.ustacks.get(ustack) or []
+        space = self.rec.spaces.get(tgid)
+        m = space.find(pcs[-1]) if pcs and space is not None else None
+        return os.path.basename(m.path) if m is not None and m.path else "?"
 
     def _interleave(self, native: List[NativeFrame], groups, interp, ns,
                     walked: bool = False) -> List[P.Frame]:
@@ -366,6 +422,8 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
         if reason is None:
             if reasons.gpu_spin(frames):
                 frames = tuple(frames) + (P.GPU_SPIN,)
+            elif merger.spin_frames and merger.omp_spin(frames):
+                frames = tuple(frames) + (P.OMP_SPIN,)
             elif gil == bpfdefs.GIL_FREE and _python_leaf(frames):
                 frames = tuple(frames) + (P.GIL_NOT_HELD,)
         else:

@@ -29,6 +29,16 @@ class Frame:
     file: Optional[str] = None      # Python source file (full path)
     line: Optional[int] = None      # Python line number
     module: Optional[str] = None    # native: object file path
+    # the hash, computed once: a profile hashes each frame of each stack key
+    # at every look-up (a tuple does not keep its hash)
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if not h:
+            h = hash((self.kind, self.name, self.file, self.line, self.module)) or 1
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def label(self, full_paths: bool = False, short_file=None) -> str:
         """The frame as the folded format writes it (see DESIGN.md)."""
@@ -56,6 +66,9 @@ def kernel_frame(name) -> Frame:
 
 
 TRUNCATED = Frame(FrameKind.MARKER, "[truncated]")
+# A native stack whose walk stopped at a library whose unwind table was still
+# being made (the recording never waits for one): its root-most frame.
+TABLE_NOT_READY = Frame(FrameKind.MARKER, "[native table not ready]")
 # On-CPU time of a thread that no sample landed in (wall mode: the thread's
 # on-CPU time is exact, the samples only split it over stacks).
 NOT_SAMPLED = Frame(FrameKind.MARKER, "[on-cpu: not sampled]")
@@ -66,6 +79,9 @@ NO_STACK = Frame(FrameKind.MARKER, "[stack unknown]")
 PYTHON_LOST = Frame(FrameKind.MARKER, "[python frames lost]")
 # on-CPU inside a CUDA synchronize call: the driver spins until the GPU is done
 GPU_SPIN = Frame(FrameKind.MARKER, "[gpu-spin]")
+# on-CPU in an OpenMP runtime's wait (a function of libgomp/libomp/libiomp5
+# with a spin loop): a thread spinning for work or at a barrier
+OMP_SPIN = Frame(FrameKind.MARKER, "[omp-spin]")
 # on-CPU in a Python frame (no native frame under it) while the thread did
 # not hold the GIL: no CPython thread runs Python code so, the stack is not
 # to be trusted (a thread state read as another thread changed it)
@@ -100,6 +116,14 @@ class StackKey:
     # `--` (its stack, then its thread and, if another, its process, as
     # markers; [woken by timer] / [woken by irq]); (): not known
     waker: Tuple[Frame, ...] = ()
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if not h:
+            h = hash((self.pid, self.tid, self.frames, self.off_cpu, self.waker)) or 1
+            object.__setattr__(self, "_hash", h)
+        return h
 
 
 @dataclass
@@ -347,6 +371,8 @@ def parse_frame(label: str) -> Frame:
         return kernel_frame(label[:-4])
     if label == TRUNCATED.name:
         return TRUNCATED
+    if label == TABLE_NOT_READY.name:
+        return TABLE_NOT_READY
     m = _PY.match(label)
     if m:
         line = m.group("line")

@@ -63,6 +63,9 @@ class Options:
     # --min-block-us / --max-block-us: waits shorter / longer are left out (ns; 0: no bound)
     min_block_ns: int = 0
     max_block_ns: int = 0
+    # --tables-first: every native table made before the recording starts
+    # (default: made while it runs; stacks reaching one not ready stop there)
+    tables_first: bool = field(default_factory=lambda: tables_first_env())
 
     @property
     def filtered(self) -> bool:
@@ -73,6 +76,12 @@ class Options:
     def every_process(self) -> bool:
         """-a without filters: BPF takes every process (SYSTEM_WIDE)."""
         return self.system_wide and not self.filtered
+
+
+def tables_first_env() -> bool:
+    """PYOFFCPU_TABLES_FIRST=1: --tables-first for every command (the tests
+    that check whole native stacks set it)."""
+    return os.environ.get("PYOFFCPU_TABLES_FIRST") == "1"
 
 
 @dataclass
@@ -167,6 +176,7 @@ class Session:
         self.status = status
         self.started = started          # called once BPF is attached and targets registered
         self.rec = Recording(options)
+        self.start_notices: List[str] = []  # said when the recording starts (the cli prints them)
         self.targets: Optional[Targets] = None     # made once BPF is loaded (run)
         self.child_pid: Optional[int] = None
         self.stop_reason: Optional[str] = None
@@ -191,6 +201,13 @@ class Session:
         self._fixes: Dict[int, Tuple[int, int]] = {}   # tid -> (ts, Python stack hash) (_fix_blocked)
         self._sampled: Optional[set] = None            # -a: the processes the last drain had
         self._bpf_filtered = [0, 0]                    # waits user space left out (--min/max-block-us)
+        self._captured: Dict[int, tuple] = {}          # ustack id -> (pid, capture) to walk (_native_now)
+        # the files native stacks run through, their function indexes built
+        # while the recording runs (_prefetch_symbols)
+        self._symbolizer = None
+        self._prefetched: set = set()
+        self._ustack_pid: Dict[int, int] = {}        # user stack id -> the process it was seen in
+        self._new_ustacks: List[int] = []
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -223,11 +240,25 @@ class Session:
                                     + [(fn, bpfload.RAW_TRACEPOINT) for fn in self._wake_programs()],
                                     optional=unwind_loader.program_specs(sampled, switches,
                                                                          bool(self._wake_programs())),
-                                    notices=self.rec.notices)
+                                    notices=self.rec.notices,
+                                    meanwhile=self._head_start if not o.command else None)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
                                 "check that the kernel has BPF and `make install` set up headers")
         self._control = self.bpf["control"]
+
+    def _head_start(self, prog):
+        """While the kernel verifies the programs (their maps exist, none
+        runs yet): the targets registered (_register), so that the recording
+        starts sooner — a torch process maps ~90 files, and the verifier
+        takes half a second on a busy machine.  What fails here is done
+        again, the usual way, once the programs are loaded."""
+        try:
+            self._register(prog)
+        except Exception:               # noqa: BLE001 - again after the load, errors and all
+            if self.unwinder is not None:
+                self.unwinder.close()
+            self.targets = self.unwinder = None
 
     # --wakers: the interrupt-context tracepoints, exits first (see bpf: wake_irq_enter)
     WAKE_ATTACH = (("irq_handler_exit", "wake_irq_leave"), ("softirq_exit", "wake_irq_leave"),
@@ -260,17 +291,64 @@ class Session:
         # The programs that finish each sample (and walk native stacks from
         # .eh_frame tables when NATIVE_UNWIND=1), called by tail call.
         try:
-            self.unwinder = unwind_loader.NativeUnwinder(
-                self.bpf, tables=unwind_loader.tables_on(self._unwind_cflags))
-            self.unwinder.copies = o.follow     # BPF copies a parent's entry to its child
+            if self.unwinder is not None and self.unwinder.bpf is not self.bpf:
+                self.unwinder.close()   # made for a program that did not load (compiled again)
+                self.unwinder = None
+            if self.unwinder is None:
+                self._make_unwinder()
             self.unwinder.load_programs(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"),
                                         wake=bool(self._wake_programs()))
         except Exception as e:
             if self.unwinder is not None:
                 self.unwinder.close()
             self.unwinder = None
+            if self.targets is not None:
+                self.targets.unwinder = None
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             self.rec.notices.append(f"native unwinding off ({msg}): frame-pointer user stacks")
+
+    def _make_unwinder(self):
+        self.unwinder = unwind_loader.NativeUnwinder(
+            self.bpf, tables=unwind_loader.tables_on(self._unwind_cflags))
+        self.unwinder.copies = self.opts.follow     # BPF copies a parent's entry to its child
+
+    def _register(self, prog=None):
+        """The targets (-p, their children with --subprocesses, -a's scan)
+        found and registered in BPF's maps, and the control block's settings."""
+        o = self.opts
+        if prog is not None:
+            self.bpf = prog
+            self._control = prog["control"]
+        if self.unwinder is None:
+            try:
+                self._make_unwinder()
+            except Exception:           # noqa: BLE001 - _attach says why
+                self.unwinder = None
+        select = Select(o.match, o.uid, o.python_only) if o.system_wide else None
+        targets = self.targets = Targets(self.bpf, self.rec, self.unwinder,
+                                         lambda pids: self._write_control(targets=pids),
+                                         select=select, self_pid=os.getpid(), follow=o.follow,
+                                         on_python=self._fix_blocked if o.mode != "cpu" else None,
+                                         exit_events=self.platform.exit_group_dead)
+        self._write_control(self_tgid=os.getpid(), discover=int(o.system_wide and o.filtered),
+                            follow=int(o.follow), min_block_ns=o.min_block_ns,
+                            max_block_ns=o.max_block_ns)
+        for pid in o.pids:
+            targets.add(pid)
+        if o.follow and o.pids:
+            targets.add_descendants()
+        elif o.pids:
+            for pid, n in targets.python_descendants().items():
+                self.start_notices.append(
+                    f"process {pid} has started {n} Python process{'' if n == 1 else 'es'} "
+                    "(workers?) that are not recorded: --subprocesses takes them too")
+        if o.system_wide:
+            targets.scan()
+        if self.unwinder is not None:
+            # the tables the cache has go in now (a batched load: ~0.1 s for
+            # torch's 90 files); the ones to build are made while it records
+            while self.unwinder.poll(build=False):
+                pass
 
     def _write_control(self, **fields):
         table = self._control
@@ -366,11 +444,16 @@ class Session:
                 acc[1] += ns
                 continue
             self._fetch_stack_ids(uid, kstack)
+            if uid not in self._ustack_pid:
+                self._ustack_pid[uid] = tgid
+                self._new_ustacks.append(uid)
             if pystack and pystack not in pystacks:
                 self._hold(key, count, ns)
             else:
                 self._add(key, count, ns)
         self._retry_unresolved(final)
+        self._walk_captured(final)
+        self._prefetch_symbols()
         if self.unwinder is not None:
             self.unwinder.sweep(self._native_ids)
         self._read_threads(fold_before=None if final else flip_ns)
@@ -420,15 +503,59 @@ class Session:
         return sid
 
     def _native_now(self, pid: int, tid: int) -> int:
-        """The native stack of a thread blocked right now (walked in user
-        space with the same tables), as an id in rec.ustacks; -1: none."""
-        got = self.unwinder.walk_blocked(pid, tid) if self.unwinder is not None else None
-        if got is None:
+        """The native stack of a thread blocked right now, as an id in
+        rec.ustacks; -1: none.  Its registers and stack are read now and
+        walked once its process's tables are ready (_walk_captured): the
+        tables are made while the recording runs, and the thread has not
+        run meanwhile, so the walk is the one it would have been now."""
+        cap = self.unwinder.capture_blocked(pid, tid) if self.unwinder is not None else None
+        if cap is None:
             return -1
         sid = NATIVE_ID_BASE + len(self._native_ids)
         self._native_ids[("now", tid)] = sid
-        self.rec.ustacks[sid], self.rec.native_flags[sid] = got
+        self.rec.ustacks[sid], self.rec.native_flags[sid] = [], 0
+        self._captured[sid] = (pid, cap)
         return sid
+
+    def _prefetch_symbols(self):
+        """The function indexes of the files the new native stacks run
+        through, built in the background (symbols.Symbolizer.prefetch), so
+        that naming the profile's frames at the end does not wait for them."""
+        from . import symindex
+        symindex.poll_prefetches()
+        if not self._new_ustacks:
+            return
+        if self._symbolizer is None:
+            self._symbolizer = symbols.Symbolizer()
+        new, self._new_ustacks = self._new_ustacks, []
+        for sid in new:
+            pid = self._ustack_pid[sid]
+            space = self.rec.spaces.get(pid)
+            pcs = self.rec.ustacks.get(sid) or []
+            if space is None:
+                continue
+            for pc in pcs:
+                m = space.find(pc)
+                if m is None or (m.inode, m.path) in self._prefetched or not m.is_file:
+                    continue
+                self._prefetched.add((m.inode, m.path))
+                try:
+                    self._symbolizer.prefetch(pid, m, space)
+                except (OSError, ValueError):
+                    pass
+
+    def _walk_captured(self, final: bool):
+        """The stacks _native_now captured, walked once their tables are in
+        (at the end, with what is in by then)."""
+        if not self._captured or self.unwinder is None:
+            return
+        for sid, (pid, cap) in list(self._captured.items()):
+            if not final and not self.unwinder.captured_ready(pid, cap):
+                continue
+            del self._captured[sid]
+            got = self.unwinder.walk_captured(pid, cap)
+            if got is not None:
+                self.rec.ustacks[sid], self.rec.native_flags[sid] = got
 
     def _fetch_stack_ids(self, ustack: int, kstack: int):
         rec = self.rec
@@ -734,6 +861,12 @@ class Session:
         line = {"t": round(elapsed, 3), "rss_kib": rss_kib(), "maps": maps,
                 "drops": dict(self.rec.drops), "stacks": len(self.rec.stacks),
                 "threads": len(self.rec.threads), "unresolved": len(self._unresolved)}
+        u = self.unwinder
+        if u is not None and u.builds is not None:
+            # the tables made in the background: how many still wait, and each
+            # build's seconds (the bench's per-library figures)
+            line["tables"] = {"waiting": len(u.waiting()), "built": dict(u.builds.times),
+                              "load_s": round(u.load_s, 3)}
         try:
             with open(self._stats_path, "a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -811,31 +944,32 @@ class Session:
         Recording is complete.  record, and whatever shows a live view, use
         this one loop; a consumer that stops early ends the recording."""
         o = self.opts
-        self._compile()
+        self._compile()                 # the targets registered meanwhile (_head_start)
         self._attach()
         rec = self.rec
-        select = Select(o.match, o.uid, o.python_only) if o.system_wide else None
-        targets = self.targets = Targets(self.bpf, rec, self.unwinder,
-                                         lambda pids: self._write_control(targets=pids),
-                                         select=select, self_pid=os.getpid(), follow=o.follow,
-                                         on_python=self._fix_blocked if o.mode != "cpu" else None,
-                                         exit_events=self.platform.exit_group_dead)
-        self._write_control(self_tgid=os.getpid(), discover=int(o.system_wide and o.filtered),
-                            follow=int(o.follow), min_block_ns=o.min_block_ns,
-                            max_block_ns=o.max_block_ns)
+        if self.targets is None or self.targets.bpf is not self.bpf:
+            self.start_notices.clear()
+            self._register()
+        elif o.follow and o.pids:
+            # children forked while the programs were verified, before BPF's
+            # fork tracepoint was attached
+            self.targets.add_descendants()
+        targets = self.targets
         launched = None
         if o.command:
             # Registered before it execs, so its first instructions are profiled;
             # its interpreter is looked for once it is the command.
             self.child_pid = self._launch()
             launched = targets.add_launched(self.child_pid)
-        for pid in o.pids:
-            targets.add(pid)
-        if o.follow and o.pids:
-            targets.add_descendants()
-        if o.system_wide:
-            targets.scan()
         targets.list_threads()
+        if self.unwinder is not None:
+            while self.unwinder.poll(build=False):     # what the cache had for what came meanwhile
+                pass
+        if self.unwinder is not None and o.tables_first:
+            self.unwinder.build_all()
+        if not o.system_wide and launched is None:
+            # a target that ended before BPF was attached left no exit event
+            targets.check_liveness()
         # The recording starts once every target and thread is registered.
         self._start_ns = time.monotonic_ns()
         self._write_control(start_ns=self._start_ns)

@@ -109,6 +109,11 @@ class Target:
         self.waits_for: Optional["Target"] = None     # --subprocesses: the parent it copies
         self.children_waiting: List["Target"] = []    # ... children forked before it was found
 
+    def gone(self) -> bool:
+        """Its process has ended (a zombie too), or its PID is another's.
+        A process already gone when it was taken has no start time: gone."""
+        return not self.start_ticks or start_ticks(self.pid) != self.start_ticks
+
     def forget_image(self):
         """The process is another program now (exec): nothing of the old one holds."""
         if self.mem is not None:
@@ -203,6 +208,24 @@ class Targets:
                 if child not in self.by_pid and child != self.self_pid:
                     self.add(child)
                     todo.append(child)
+
+    def python_descendants(self) -> Dict[int, int]:
+        """Without --subprocesses: per -p target, how many Python processes
+        it started (children of children too) that are not recorded — a
+        DataLoader's workers, a multiprocessing pool."""
+        parents = children_by_parent()
+        out: Dict[int, int] = {}
+        for pid in list(self.by_pid):
+            todo, n = list(parents.get(pid, ())), 0
+            while todo:
+                child = todo.pop()
+                if child in self.by_pid or child == self.self_pid:
+                    continue
+                n += detect.may_become_python(child)
+                todo.extend(parents.get(child, ()))
+            if n:
+                out[pid] = n
+        return out
 
     def add_launched(self, pid: int) -> Target:
         """A command forked but not yet exec'd (--): registered before its first
@@ -339,6 +362,12 @@ class Targets:
                     if self.select.python_only:
                         self._leave_out(tgt)
                     return
+                if tgt.gone() or not (read_text(f"/proc/{pid}/maps") or "").strip():
+                    # gone (or going: its memory is gone already) before what
+                    # it runs could be read: no verdict on it
+                    self.rec.notices.append(f"process {pid} exited before pyoffcpu could read what it "
+                                            "runs: what was recorded of it has native stacks only")
+                    return
                 comm = (read_text(f"/proc/{pid}/comm") or "?").strip()
                 self.rec.notices.append(
                     f"process {pid} ({comm}) is not a Python process: profiling native stacks only")
@@ -409,7 +438,7 @@ class Targets:
                 self._on_fork(child, v & 0xffffffff, v >> 32)
         for pid, n in self._pairs("execs").items():
             self._on_exec(pid, n)
-        self._check_liveness()
+        self.check_liveness()
 
     def _on_exec(self, pid: int, n: int):
         if self._execs.get(pid, 0) == n:
@@ -527,6 +556,8 @@ class Targets:
                 wait = min(RETRY_MAX_S, max(RETRY_FIRST_S, 0.5 * (now - tgt.first_seen)))
                 tgt.next_try = now + wait
         if self.unwinder is not None:
+            # tables made in the background go into the kernel as they come
+            self.unwinder.poll()
             # native stacks reached code in no known mapping: a library was
             # just loaded (or the command just started): look again
             for pid in self.unwinder.missed(MISSED_S):
@@ -535,7 +566,7 @@ class Targets:
                     self.snapshot(tgt)
         if now - self._last_liveness >= self._liveness_s:
             self._last_liveness = now
-            self._check_liveness()
+            self.check_liveness()
         if now - self._last_snapshot >= SNAPSHOT_S:
             self._last_snapshot = now
             for tgt in self:
@@ -546,10 +577,11 @@ class Targets:
         if self.select is not None and not self.select.filtered:
             self._discover_sampled()
 
-    def _check_liveness(self):
-        """Retire the targets whose process is gone or is another's now."""
+    def check_liveness(self):
+        """Retire the targets whose process is gone or is another's now
+        (at the start too: an exit before BPF was attached left no event)."""
         for tgt in self:
-            if not tgt.exited and start_ticks(tgt.pid) != tgt.start_ticks:
+            if not tgt.exited and tgt.gone():
                 self.retire(tgt)
 
     def all_exited(self) -> bool:

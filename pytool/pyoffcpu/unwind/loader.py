@@ -36,11 +36,14 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from .. import bpfdefs, symbols
 from ..elffile import ElfCache, default_cache, load_bias
 from ..bpfdefs import (MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER,  # noqa: F401
-                       NST_INCOMPLETE, NST_TRUNCATED, NST_UNMAPPED)
+                       NST_INCOMPLETE, NST_PENDING, NST_TRUNCATED, NST_UNMAPPED, UNWIND_FILE_PENDING)
+from . import build as B
 from . import table as T
+from . import walk
 ROW_SIZE = T.ROW.size
 COLLECT_S = 0.5                         # between the two looks that free a table
 COLLECT_IDLE_S = 5.0                    # a look even when nothing changed
+LOAD_BYTES = 64 << 20                   # rows put into the kernel per turn of the main loop, at most
 
 
 def enabled() -> bool:
@@ -93,15 +96,31 @@ class _Loaded:
         return self.npages + 1 + self.nrows
 
 
+# A file mapping without a table (none could be made, or none fits): BPF walks
+# it by frame pointer.  Registered all the same, so that a pc in no
+# registered mapping is known to be in anonymous memory: JIT code, which
+# ends the walk (see bpf/unwind.h: unwind_step).
+_NO_TABLE = _Loaded(-1, 0, 0, 0, 0, "")
+
+
+@dataclass
+class _Waiting:
+    """A mapping's file whose table is being made (build.Builds)."""
+    id: int                     # in unwind_pending
+    name: str
+
+
 class NativeUnwinder:
     """The finishing programs, and with `tables` the unwind tables.  With
     bpf None: tables for user-space walks only (walk_blocked)."""
 
     def __init__(self, bpf, tables: bool = True, cache: Optional[T.TableCache] = None,
-                 elf_cache: Optional[ElfCache] = None):
+                 elf_cache: Optional[ElfCache] = None, background: Optional[bool] = None):
         """``cache``: unwind tables; ``elf_cache``: the session's parsed ELF
         files (default ``elffile.default_cache()``, shared with the
-        symbolizer and the interpreter detection)."""
+        symbolizer and the interpreter detection); ``background`` (default:
+        with BPF): tables not ready are made while the recording runs
+        (build.py) instead of before update() returns."""
         self.bpf = bpf
         self.tables = tables
         self.cache = cache if cache is not None else (T.TableCache() if tables else None)
@@ -109,6 +128,7 @@ class NativeUnwinder:
         if self.cache is not None:
             self.cache.elf_cache = self.elf_cache     # the prologue analysis's symbols
         self._objects: Dict[tuple, Optional[_Loaded]] = {}
+        self._tables: Dict[tuple, T.UnwindTable] = {}   # key -> its table (user-space walks)
         self._proc_keys: Dict[int, frozenset] = {}
         self._regions: Dict[int, list] = {}     # pid -> walk.Region list (user-space walks)
         self.notices: List[str] = []
@@ -127,6 +147,22 @@ class NativeUnwinder:
         self._misses_seen: Dict[int, int] = {}
         self._misses_checked = 0.0
         self._gen = 0                   # proc_unwind.gen: unique per write
+        if background is None:
+            background = bpf is not None
+        self.builds = B.Builds(self.cache) if background and tables else None
+        self._exe_of: Dict[int, list] = {}      # pid -> its executable mappings at the last update
+        # pid -> which image its regions are of (a new token at exec and after
+        # forget): a captured stack is walked with its own image's only
+        self._image: Dict[int, int] = {}
+        self._tokens = 0
+        self._users: Dict[tuple, set] = {}      # file key -> the pids whose entries name it
+        self._names: Dict[tuple, str] = {}
+        # made, not in the kernel yet: key -> table (None: it has none)
+        self._ready: Dict[tuple, Optional[T.UnwindTable]] = {}
+        self._wait_id: Dict[tuple, int] = {}    # key -> its id in unwind_pending until it is in
+        self._hits: Dict[tuple, int] = {}       # key -> walks that stopped at it (unwind_pending)
+        self._entries_of: Dict[int, list] = {}  # pid -> its entries at the last update (force: reused)
+        self.load_s = 0.0               # time spent putting tables into the kernel
         if bpf is None:
             return
         if tables:
@@ -152,7 +188,12 @@ class NativeUnwinder:
             self.bpf["unwind_wake_progs"][ctypes.c_int(1)] = ctypes.c_int(fds["memo_wake"])
 
     def close(self) -> None:
-        """The tables stay the kernel's until the program's maps go."""
+        """The helpers still building stop; the tables stay the kernel's
+        until the program's maps go."""
+        if self.builds is not None:
+            self.builds.close()
+            self.notices.extend(self.builds.notices)
+            self.builds.notices.clear()
 
     # -- object files ---------------------------------------------------------
     def _load(self, key: tuple, t: Optional[T.UnwindTable], name: str) -> Optional[_Loaded]:
@@ -162,6 +203,7 @@ class NativeUnwinder:
         if t is None or not t.nrows:
             self._objects[key] = None       # no table: nothing to load, ever
             return None
+        self._tables[key] = t
         loaded = _Loaded(-1, t.npages, t.nrows, t.page_shift, t.base, name)
         if self._files is not None:     # else user space only: nothing to write
             if not self._free_slots:
@@ -184,16 +226,8 @@ class NativeUnwinder:
     def _write(self, t: T.UnwindTable, loaded: _Loaded) -> int:
         """A BPF array of exactly the table's entries, written through mmap,
         in a free slot of unwind_files; the slot."""
-        from ..bpfload import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
-        index = array.array("I", bytes(8 * (t.npages + 1)))
-        index[0::2] = t.pages
-        blob = index.tobytes() + t.rows
-        fd = create_array("unwind_table", ROW_SIZE, loaded.entries,
-                          BPF_F_MMAPABLE | BPF_F_INNER_MAP)
+        fd = self._array_of(t, loaded)
         try:
-            size = -(-len(blob) // mmap.PAGESIZE) * mmap.PAGESIZE
-            with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
-                mm[:len(blob)] = blob
             slot = self._free_slots.pop()
             try:
                 self._files[slot] = fd
@@ -203,6 +237,73 @@ class NativeUnwinder:
             return slot
         finally:
             os.close(fd)            # the slot holds the map now
+
+    def _array_of(self, t: T.UnwindTable, loaded: _Loaded) -> int:
+        """A new BPF array holding the table (page index, rows); its fd."""
+        from ..bpfload import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
+        index = array.array("I", bytes(8 * (t.npages + 1)))
+        index[0::2] = t.pages
+        head = index.tobytes()
+        fd = create_array("unwind_table", ROW_SIZE, loaded.entries,
+                          BPF_F_MMAPABLE | BPF_F_INNER_MAP)
+        try:
+            size = -(-(len(head) + len(t.rows)) // mmap.PAGESIZE) * mmap.PAGESIZE
+            with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+                mm[:len(head)] = head
+                mm[len(head):len(head) + len(t.rows)] = t.rows
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            t.release()             # the kernel has the rows: our copy's pages go back
+        return fd
+
+    def _load_many(self, items: List[Tuple[tuple, Optional[T.UnwindTable]]]) -> None:
+        """Tables into the kernel, their slots set in one batched update
+        (one wait for the programs, not one per slot)."""
+        from ..bpfload import update_batch
+        staged = []                     # (key, loaded, fd)
+        for key, t in items:
+            name = self._names.get(key, "?")
+            if key in self._objects:
+                continue
+            if t is None or not t.nrows or self._files is None or not self._free_slots:
+                self._load(key, t, name)        # the plain path says what goes wrong
+                continue
+            loaded = _Loaded(-1, t.npages, t.nrows, t.page_shift, t.base, name)
+            try:
+                fd = self._array_of(t, loaded)
+            except OSError as e:
+                self.notices.append(f"native unwind table of {name} not loaded ({e.strerror}): "
+                                    "walked by frame pointer")
+                self._objects[key] = None
+                continue
+            loaded.slot = self._free_slots.pop()
+            self._tables[key] = t
+            staged.append((key, loaded, fd))
+        if not staged:
+            return
+        try:
+            update_batch(self._files.map_fd, [lo.slot for _, lo, _ in staged], [fd for _, _, fd in staged])
+            ok = [True] * len(staged)
+        except OSError:                 # a kernel without batch updates of an array of maps
+            ok = []
+            for _, lo, fd in staged:
+                try:
+                    self._files[lo.slot] = fd
+                    ok.append(True)
+                except Exception:
+                    ok.append(False)
+        for (key, lo, fd), good in zip(staged, ok):
+            os.close(fd)
+            if good:
+                self._objects[key] = lo
+            else:
+                self._free_slots.append(lo.slot)
+                self._tables.pop(key, None)
+                self._objects[key] = None
+                self.notices.append(f"native unwind table of {lo.name} not loaded (unwind_files "
+                                    "refused it): walked by frame pointer")
 
     def collect(self, force: bool = False) -> int:
         """Free the tables that no process's entry refers to, at two looks
@@ -227,6 +328,7 @@ class NativeUnwinder:
         freed = 0
         for k in unreferenced & self._unreferenced:
             lo = self._objects.pop(k)
+            self._tables.pop(k, None)
             try:
                 del self._files[lo.slot]
             except KeyError:
@@ -242,17 +344,20 @@ class NativeUnwinder:
         return sorted(lo.name for lo in self._objects.values() if lo is not None and lo.slot >= 0)
 
     def _entry(self, pid: int, m: symbols.Mapping
-               ) -> Optional[Tuple[int, int, int, _Loaded, T.UnwindTable]]:
-        """(start, end, runtime base, where its table is, table) of one
-        executable mapping."""
+               ) -> Optional[Tuple[int, int, int, object, Optional[T.UnwindTable], tuple]]:
+        """(start, end, runtime base, where its table is (_Loaded, or
+        _Waiting while it is made), table, the file's key) of one executable
+        mapping."""
         if m.path == "[vdso]":
             v = self.elf_cache.vdso()
             if v is None:
                 return None
             data, info = v
             t = self.cache.get_bytes("[vdso]", data, info.build_id)
-            loaded = self._load(("vdso", info.identity), t, "[vdso]")
-        elif m.is_file:
+            key = ("vdso", info.identity)
+            loaded = self._load(key, t, "[vdso]")
+        elif m.is_file and not m.is_jit:
+            key = ("file", m.path, m.inode)     # until its ELF identity is known
             path = None
             for cand in (f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}",
                          f"/proc/{pid}/root{m.path}", m.path):
@@ -263,45 +368,81 @@ class NativeUnwinder:
                 except OSError:
                     continue
             if path is None:
-                return None
+                return m.start, m.end, 0, _NO_TABLE, None, key
             info = self.elf_cache.get(path)
             if info is None:
-                return None
+                return m.start, m.end, 0, _NO_TABLE, None, key
             # where its rows are: one copy per table (the table cache keys
             # tables by build-id), else per file identity
             key = ("bid", info.build_id) if info.build_id else ("elf", info.identity)
-            t = self.cache.get(path, info.build_id)
-            loaded = self._load(key, t, m.path)
+            self._names.setdefault(key, m.path)
+            if key in self._objects:
+                loaded = self._load(key, None, m.path)
+                t = self._tables.get(key)
+            elif key in self._wait_id:
+                # being made, or made and not in the kernel yet: asked for once
+                return m.start, m.end, 0, _Waiting(self._wait_id[key], m.path), None, key
+            elif self.builds is not None:
+                ckey = self.cache.key_of(path, info.build_id)
+                if ckey is None:
+                    return m.start, m.end, 0, _NO_TABLE, None, key
+                paths = [path] + [c for c in (f"/proc/{pid}/root{m.path}",) if c != path]
+                try:
+                    size = os.stat(path).st_size
+                except OSError:
+                    size = 0
+                wid = self._wait_id[key] = self.builds.want(key, ckey, info.build_id, m.path,
+                                                            paths, size)
+                return m.start, m.end, 0, _Waiting(wid, m.path), None, key
+            else:
+                t = self.cache.get(path, info.build_id)
+                loaded = self._load(key, t, m.path)
         else:
-            return None
+            return None                 # anonymous memory: not registered (JIT code)
         if loaded is None:
-            return None
+            return m.start, m.end, 0, _NO_TABLE, None, key
         bias = load_bias(m, info.segments)
         if bias is None:
-            return None
-        return m.start, m.end, loaded.base + bias, loaded, t
+            return m.start, m.end, 0, _NO_TABLE, None, key
+        return m.start, m.end, loaded.base + bias, loaded, t, key
 
     # -- processes ------------------------------------------------------------
-    def update(self, pid: int, maps: Iterable[symbols.Mapping]) -> bool:
-        """Write the executable mappings of pid; True when they changed."""
+    def update(self, pid: int, maps: Iterable[symbols.Mapping], force: bool = False) -> bool:
+        """Write the executable mappings of pid; True when they changed (or
+        force: a table they wait for is in the kernel now)."""
         if not self.tables:
             return False
         exe = [m for m in maps if "x" in m.perms and (m.is_file or m.path == "[vdso]")]
         key = frozenset((m.start, m.end, m.offset, m.path, m.inode) for m in exe)
-        if self._proc_keys.get(pid) == key:
+        if self._proc_keys.get(pid) == key and not force:
             return False
+        unchanged = self._proc_keys.get(pid) == key and pid in self._entries_of
         self._proc_keys[pid] = key
+        self._exe_of[pid] = exe
+        if pid not in self._image:
+            self._tokens += 1
+            self._image[pid] = self._tokens
         entries = []
-        for m in exe:
-            try:
-                e = self._entry(pid, m)
-            except OSError:             # the process is exiting, a file went away
-                e = None
-            if e is not None:
-                entries.append(e)
-        self._regions[pid] = [(e[0], e[1], e[2], e[4]) for e in entries]
+        if unchanged:
+            # the same mappings (a table they waited for is in now): only the
+            # waiting entries are looked at again
+            for m, e in self._entries_of[pid]:
+                if e is not None and isinstance(e[3], _Waiting) and e[5] not in self._wait_id:
+                    e = self._entry_or_none(pid, m)
+                entries.append((m, e))
+        else:
+            entries = [(m, self._entry_or_none(pid, m)) for m in exe]
+        self._entries_of[pid] = entries
+        entries = [e for _, e in entries if e is not None]
+        for fkey in list(self._users):
+            self._users[fkey].discard(pid)
+        for e in entries:
+            self._users.setdefault(e[5], set()).add(pid)
+        # user-space walks: a region whose table is being made stops the walk there
+        self._regions[pid] = [(e[0], e[1], e[2], walk.NO_TABLE if e[3] is _NO_TABLE else e[4])
+                              for e in entries]
         if len(entries) > MAX_UNWIND_MAPS:
-            entries.sort(key=lambda e: -e[3].nrows)
+            entries.sort(key=lambda e: -(1 << 40 if isinstance(e[3], _Waiting) else e[3].nrows))
             entries = entries[:MAX_UNWIND_MAPS]
             self.notices.append(f"process {pid}: more than {MAX_UNWIND_MAPS} executable "
                                 "mappings; the smallest are walked by frame pointer")
@@ -312,12 +453,17 @@ class NativeUnwinder:
         leaf.n = len(entries)
         self._gen += 1
         leaf.gen = self._gen
-        for i, (start, end, base, t, _) in enumerate(entries):
+        for i, (start, end, base, t, _, _) in enumerate(entries):
             me = leaf.maps[i]
             me.start, me.end, me.base = start, end, base & 0xFFFFFFFFFFFFFFFF
-            me.file, me.npages, me.nrows, me.page_shift = t.slot, t.npages, t.nrows, t.page_shift
+            if isinstance(t, _Waiting):
+                me.file, me.npages, me.nrows, me.page_shift = UNWIND_FILE_PENDING, t.id, 0, 0
+            elif t is _NO_TABLE:
+                me.file, me.npages, me.nrows, me.page_shift = 0, 0, 0, 0
+            else:
+                me.file, me.npages, me.nrows, me.page_shift = t.slot, t.npages, t.nrows, t.page_shift
         self._changed = True
-        new = {t.slot for _, _, _, t, _ in entries if t.slot >= 0}
+        new = {t.slot for _, _, _, t, _, _ in entries if isinstance(t, _Loaded) and t.slot >= 0}
         try:
             self._procs[self._procs.Key(pid)] = leaf
         except Exception:               # map full (MAX_UNWIND_PROCS): frame pointers
@@ -326,6 +472,91 @@ class NativeUnwinder:
             return False
         self._slots_of[pid] = new
         return True
+
+    def _entry_or_none(self, pid: int, m: symbols.Mapping):
+        try:
+            return self._entry(pid, m)
+        except OSError:             # the process is exiting, a file went away
+            return None
+
+    # -- tables made in the background (build.py) -------------------------------
+    def poll(self, build: bool = True) -> int:
+        """A turn of the main loop: what the builds finished goes into the
+        kernel (the files stacks stopped at most first; up to LOAD_BYTES,
+        the rest at the next turns), with one batched update of their slots,
+        and the processes that wait for them are written again; how many
+        tables it put in.  build=False: only what the disk cache has (the
+        start: a build is for the recording's time, never before it)."""
+        b = self.builds
+        if b is None or not (b.busy() or self._ready):
+            return 0
+        if self.bpf is not None and (b.busy() or self._ready):
+            hits = self._pending_hits()
+            b.hits(hits)
+            by_id = {i: k for k, i in self._wait_id.items()}
+            for i, n in hits.items():
+                if i in by_id:
+                    self._hits[by_id[i]] = n
+        for key, t in b.step(start=build):
+            self._ready[key] = t
+        t0 = time.monotonic()
+        order = sorted(self._ready, key=lambda k: -self._hits.get(k, 0))
+        take, size = [], 0
+        for key in order:
+            t = self._ready.pop(key)
+            if self._users.get(key):
+                take.append((key, t))
+                size += len(t.rows) if t is not None else 0
+            else:
+                self._wait_id.pop(key, None)    # no process maps it any more
+            if size >= LOAD_BYTES:
+                break                   # the rest at the next turn: the loop stays responsive
+        if not take:
+            return 0
+        self._load_many(take)
+        waiting: set = set()
+        for key, _ in take:
+            self._wait_id.pop(key, None)
+            waiting |= self._users.get(key, set())
+        for pid in waiting:
+            if pid in self._exe_of:
+                self.update(pid, self._exe_of[pid], force=True)
+        self.load_s += time.monotonic() - t0
+        self.notices.extend(b.notices)
+        b.notices.clear()
+        return len(take)
+
+    def build_all(self) -> None:
+        """--tables-first: every table wanted now made and in the kernel
+        (the helpers run as in the background, several at once; each has its
+        own time limit)."""
+        while self.builds is not None and (self.builds.busy() or self._ready):
+            if not self.poll():
+                time.sleep(0.005)
+
+    def _pending_hits(self) -> Dict[int, int]:
+        """unwind_pending: the walks that stopped at each waiting file; the
+        entries of files no longer waiting are deleted."""
+        table = self.bpf["unwind_pending"]
+        waiting = set(self._wait_id.values())
+        out, stale = {}, []
+        for k, v in table.items():
+            if k.value in self.builds.by_id or k.value in waiting:
+                out[k.value] = v.value
+            else:
+                stale.append(k)
+        for k in stale:
+            try:
+                del table[k]
+            except KeyError:
+                pass
+        return out
+
+    def waiting(self) -> List[str]:
+        """The files whose tables are still being made."""
+        if self.builds is None:
+            return []
+        return sorted(self._names.get(k, "?") for k in self._wait_id)
 
     @property
     def rows_loaded(self) -> int:
@@ -365,10 +596,39 @@ class NativeUnwinder:
         finally:
             read.close()
 
+    def capture_blocked(self, pid: int, tid: int) -> Optional[Tuple[int, int, bytes]]:
+        """(pc, sp, the stack from sp up) of a thread blocked right now, to be
+        walked later (walk_captured) with the tables ready by then."""
+        from . import walk
+        if not self.tables:
+            return None
+        regs = walk.blocked_registers(pid, tid)
+        if regs is None or pid not in self._image:
+            return None
+        data = walk.stack_snapshot(pid, regs[1])
+        return None if data is None else (self._image[pid], regs[0], regs[1], data)
+
+    def captured_ready(self, pid: int, cap) -> bool:
+        """Every table the capture's process maps is in (or its image is gone)."""
+        regions = self._regions.get(pid)
+        return self._image.get(pid) != cap[0] or not regions or all(r[3] is not None for r in regions)
+
+    def walk_captured(self, pid: int, cap) -> Optional[Tuple[List[int], int]]:
+        """(pcs, flags) of a capture_blocked stack, with the tables in the
+        kernel now (a file still being made stops it: NST_PENDING); None
+        when its process is another image now (exec, a reused PID)."""
+        from . import walk
+        regions = self._regions.get(pid)
+        token, pc, sp, data = cap
+        if not regions or self._image.get(pid, token) != token:
+            return None
+        return walk.walk(regions, pc, sp, None, walk.snapshot_reader(sp, data))
+
     def reload(self, pid: int, maps: Iterable[symbols.Mapping]) -> bool:
         """Write pid's mappings again even if they look unchanged (it called
         exec, and BPF dropped its entry)."""
         self._proc_keys.pop(pid, None)
+        self._image.pop(pid, None)          # another image
         return self.update(pid, maps)
 
     def sweep(self, known) -> int:
@@ -386,8 +646,20 @@ class NativeUnwinder:
         return len(stale)
 
     def forget(self, pid: int) -> None:
+        """pid is gone (or another image): its entry and tables' references
+        go; its regions stay for walk_captured, under its image's token."""
         self._proc_keys.pop(pid, None)
-        self._regions.pop(pid, None)
+        self._image.pop(pid, None)
+        self._exe_of.pop(pid, None)
+        self._entries_of.pop(pid, None)
+        for fkey, pids in list(self._users.items()):
+            pids.discard(pid)
+            if not pids and fkey in self._wait_id:
+                # no process waits for it any more
+                del self._wait_id[fkey]
+                self._ready.pop(fkey, None)
+                if self.builds is not None:
+                    self.builds.drop(fkey)
         self._slots_of.pop(pid, None)
         self._changed = True
         if self._procs is None:

@@ -16,10 +16,15 @@ from . import table as T
 
 from ..bpfdefs import MAX_NATIVE_DEPTH as MAX_DEPTH
 from ..bpfdefs import METHOD_FP, METHOD_PROLOGUE, METHOD_TABLE, METHODS, with_methods
-from ..bpfdefs import NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PROLOGUE, NST_TRUNCATED
+from ..bpfdefs import NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PENDING, NST_PROLOGUE, NST_TRUNCATED, NST_UNMAPPED
 
-# (start, end, runtime address of table pc 0, table) per executable mapping
-Region = Tuple[int, int, int, T.UnwindTable]
+# (start, end, runtime address of table pc 0, table) per executable mapping;
+# table None: it is still being made (build.py), the walk stops there;
+# NO_TABLE: a file without a table, walked by frame pointer.  A pc in no
+# region is in anonymous memory (JIT code): the walk ends there, as BPF's.
+NO_TABLE = False
+Region = Tuple[int, int, int, object]
+STACK_SNAPSHOT = 512 << 10          # bytes of a blocked thread's stack kept for a later walk
 
 
 def blocked_registers(pid: int, tid: int) -> Optional[Tuple[int, int]]:
@@ -54,7 +59,11 @@ def _walk(regions, pc, sp, bp, read_u64, bx):
         rbp_at: Optional[int] = 0       # the caller's rbp at CFA + rbp_at; 0: unchanged; None: lost
         at_rbp = False                  # ... or the word at this frame's rbp (RBP_AT_RBP)
         method = METHOD_TABLE
-        if region is not None:
+        if region is not None and region[3] is None:
+            return pcs, flags | NST_PENDING, methods
+        if region is None and regions:
+            return pcs, flags | NST_UNMAPPED | NST_INCOMPLETE, methods
+        if region is not None and region[3] is not NO_TABLE:
             _, _, base, table = region
             _, off, kind, rbp = table.lookup(lookup - base + table.base)
             if kind & T.UR_DERIVED:
@@ -102,6 +111,43 @@ def _walk(regions, pc, sp, bp, read_u64, bx):
             return pcs, flags, methods
         methods[method] += 1
         pc, sp = ra, cfa
+
+
+def stack_snapshot(pid: int, sp: int) -> Optional[bytes]:
+    """The bytes of a stack from sp up to the end of the mapping holding sp
+    (at most STACK_SNAPSHOT): with the registers, everything a walk of a
+    thread that has not run since reads, so it can be walked later, once
+    the tables are ready, and give what a walk now would have."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                lo, _, rest = line.partition("-")
+                hi = rest.split(None, 1)[0]
+                start, end = int(lo, 16), int(hi, 16)
+                if start <= sp < end:
+                    break
+            else:
+                return None
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        return os.pread(fd, min(end - sp, STACK_SNAPSHOT), sp)
+    except (OSError, OverflowError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def snapshot_reader(sp: int, data: bytes) -> Callable[[int], Optional[int]]:
+    """read_u64 over a stack_snapshot taken at sp: a word outside it is not
+    known (the walk ends there, it never reads the live stack instead)."""
+    def read_u64(addr: int) -> Optional[int]:
+        off = addr - sp
+        if off < 0 or off + 8 > len(data):
+            return None
+        return struct.unpack_from("<Q", data, off)[0]
+    return read_u64
 
 
 def memory_reader(pid: int):
