@@ -41,6 +41,27 @@ def _hwm_kib(pid: int) -> Optional[int]:
         return None
 
 
+def _tree_rss_kib(pid: int) -> int:
+    """VmRSS of pid and of every process below it, summed, now: its helper
+    processes (unwind tables, symbol indexes) run beside it, and their
+    memory counts as its own."""
+    total, todo, seen = 0, [pid], set()
+    while todo and len(seen) < 4096:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += proc_status_kib(f.read(), "VmRSS") or 0
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def measure(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
             first_sample: bool = True,
             during: Optional[Callable[[int, float], None]] = None) -> dict:
@@ -49,7 +70,9 @@ def measure(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float
     `agg` map (`first`, None if none was seen; first_sample=False: not
     looked for) and to its `recording` line (`recording`, None without one);
     `hwm_mib`, its own peak RSS (VmHWM, the last reading before it exited);
-    `maxrss_mib`, ru_maxrss of it and its children (wait4); `cpu_s`, their
+    `maxrss_mib`, ru_maxrss of it and its children (wait4: the largest
+    one, not their sum); `tree_mib`, the peak of the sum of the RSS of it
+    and all its descendants at once (sampled at every poll); `cpu_s`, their
     user+system time; `rc`; `stderr`. `during(pid, seconds since the
     recording line)` is called at every poll after that line. Raises
     RuntimeError past `timeout` (the process is killed)."""
@@ -60,7 +83,7 @@ def measure(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float
     os.set_blocking(fd, False)
     probe = bpfstats.FirstSampleProbe(p.pid) if first_sample else None
     first = rec = None
-    hwm = 0
+    hwm = tree = 0
     err = b""
     eof = False
     status = ru = None
@@ -80,6 +103,7 @@ def measure(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float
             h = _hwm_kib(p.pid)
             if h:
                 hwm = max(hwm, h)
+            tree = max(tree, _tree_rss_kib(p.pid))
             if rec is not None and during is not None:
                 during(p.pid, now - t0 - rec)
             # fast polls until both moments are seen, then only the peak to follow
@@ -121,6 +145,7 @@ def measure(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float
     if rec is None and RECORDING.decode() in text:
         rec = time.monotonic() - t0       # the line came with its last words
     return {"first": first, "recording": rec, "hwm_mib": hwm / 1024, "maxrss_mib": ru.ru_maxrss / 1024,
+            "tree_mib": tree / 1024,
             "cpu_s": ru.ru_utime + ru.ru_stime, "rc": p.returncode, "stderr": text,
             "total_s": time.monotonic() - t0}
 

@@ -70,8 +70,10 @@ def main():
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
     workers = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                          nn.Linear(1024, 10))
+    # wide enough that a step is mostly the model's own work (as in real
+    # training), not the DataLoader's hand-over of the batch
+    model = nn.Sequential(nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                          nn.Linear(2048, 10))
     loader = DataLoader(Samples(), batch_size=128, num_workers=workers, collate_fn=collate,
                         persistent_workers=workers > 0)
     stop = threading.Event()

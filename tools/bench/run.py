@@ -28,6 +28,10 @@ Cases (numbers as in issue #5):
  14 code without CFI (issue 15): numpy's OpenBLAS in a venv of the bench's; the table
     of its largest library built cold and read warm, and the BPF cost per on-CPU sample,
     with prologue analysis and without (PYOFFCPU_PROLOGUE=0)
+ 15 PyTorch as it is run (issue 23, tools/bench/torch_case.py): a training loop with
+    DataLoader workers, ~90 executable files; cold and warm starts (first sample, tables
+    ready, each library's build, peak RSS with children, end of recording to profile),
+    training steps/s under --mode wall / --mode cpu / py-spy --idle against alone windows
  12 system-wide: `pyoffcpu -a --mode cpu -F 99` beside 50 Python processes of 5
     interpreters (tools/bench/fleet.py: idle, busy, short-lived): its own CPU
     over a 10 s window, peak RSS, time to `recording`, how many it found with
@@ -344,6 +348,7 @@ class Results:
     allprocs: Optional[dict] = None             # case 12
     dump: Optional[dict] = None                 # case 13
     unwind: Optional[dict] = None               # case 14
+    torch: Optional[dict] = None                # case 15
     notes: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
 
@@ -2133,6 +2138,9 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
         out.extend(render_dump(res.dump))
     if res.unwind:
         out.extend(render_unwind(res.unwind))
+    if res.torch:
+        import torch_case
+        out.extend(torch_case.render_torch(res.torch, markdown_table, median))
     if res.notes:
         out.append("## Notes\n")
         out.extend(f"- {n}" for n in res.notes)
@@ -2242,7 +2250,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 7)))
     ap.add_argument("--work-s", type=float, default=float(os.environ.get("BENCH_WORK_S", 1.0)))
     ap.add_argument("--long-s", type=float, default=float(os.environ.get("BENCH_LONG_S", 60)))
-    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14"),
+    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15"),
                     help="comma-separated subset of 1-7 and 9-12 (8 comes with 1-4)")
     ap.add_argument("--threadserver-s", type=float,
                     default=float(os.environ["BENCH_THREADSERVER_S"]) if os.environ.get("BENCH_THREADSERVER_S")
@@ -2322,7 +2330,7 @@ def main():
             sys.exit(f"bench: {tree} is not a pyoffcpu source tree")
         env = dict(os.environ, PYTHONPATH=os.path.join(tree, "pytool"))
         po = [sys.executable, "-m", "pyoffcpu"]
-    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6", "10", "13"} else (None, "")
+    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6", "10", "13", "15"} else (None, "")
     tools = Tools(args.python, po, pyspy, pyspy_version, tempfile.mkdtemp(prefix="pyoffcpu-bench-"), env)
     tools.cache_dir = os.path.join(tools.outdir, "cache")
     tools.profs = profilers(tools)
@@ -2396,6 +2404,14 @@ def main():
         if "14" in cases:
             log("case 14: code without CFI: numpy's OpenBLAS")
             unwind_case(tools, res)
+        if "15" in cases:
+            log("case 15: PyTorch as it is run")
+            import torch_case
+            try:
+                res.torch = torch_case.torch_case(tools, starts, log)
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 15: {e}")
+                log(f"case 15: FAILED: {e}")
     except KeyboardInterrupt:
         res.errors.append("interrupted: the tables hold what was measured before")
     finally:
