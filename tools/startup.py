@@ -41,16 +41,29 @@ def _hwm_kib(pid: int) -> Optional[int]:
         return None
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def _tree_rss_kib(pid: int) -> int:
     """VmRSS of pid and of every process below it, summed, now: its helper
     processes (unwind tables, symbol indexes) run beside it, and their
-    memory counts as its own."""
+    memory counts as its own.  A child with pid's own command line is a
+    fork not yet exec'd (a helper being started): its pages are pid's, not
+    counted twice."""
     total, todo, seen = 0, [pid], set()
+    own = _cmdline(pid)
     while todo and len(seen) < 4096:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
+        if p != pid and own and _cmdline(p) == own:
+            continue
         try:
             with open(f"/proc/{p}/status") as f:
                 total += proc_status_kib(f.read(), "VmRSS") or 0

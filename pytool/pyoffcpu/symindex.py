@@ -552,48 +552,68 @@ class _Prefetch:
 
 
 _INFLIGHT: dict = {}                    # cache key -> _Prefetch
+_QUEUED: dict = {}                      # cache key -> (elf_cache, images, paths, memory estimate)
+INDEX_PER_SYMTAB = 8                    # an index build's peak RSS: helper.HELPER_BASE + this x its symbol tables
 
 
 def prefetch(elf_cache, images: Sequence, paths: Sequence[str]) -> bool:
-    """Start building the index of ``images`` (a file, then maybe its debug
-    file, read from ``paths``) in the background, into the disk cache:
-    the session does so for the files its samples land in while it records,
-    so that the profile at the end finds them built.  Nothing when the cache
-    has it, a build is under way, caching is off or there is no helper.
-    True when a build is under way now."""
+    """Have the index of ``images`` (a file, then maybe its debug file, read
+    from ``paths``) built in the background, into the disk cache: the
+    session does so for the files its samples land in while it records, so
+    that the profile at the end finds them built.  The builds wait their
+    turn in helper.BACKGROUND (after the unwind tables, within its memory).
+    Nothing when the cache has it, caching is off or there is no helper.
+    True when a build is queued or under way now."""
     directory = _cache_directory()
     if directory is None:
         return False
     key = cache_key(im.identity for im in images)
-    if key in _INFLIGHT:
+    if key in _INFLIGHT or key in _QUEUED:
         return True
     if os.path.exists(os.path.join(directory, key + ".sym")):
         return False
     from . import helper
     if not helper.available() or not all(helper_reads(im) for im in images):
         return False
-    files: List[IdentifiedFile] = []
-    try:
-        for p in paths:
-            files.append(IdentifiedFile(elf_cache, p))
-        if any(f.identity != im.identity for f, im in zip(files, images)):
-            raise OSError("replaced")
-        job = helper.Job(["symbols"], files[0].proc_path, [f.proc_path for f in files[1:]],
-                         wall_limit_s=HELPER_WALL_S)
-    except (OSError, helper.HelperError):
-        for f in files:
-            f.close()
-        return False
-    _INFLIGHT[key] = _Prefetch(job, files, directory, key)
+    tables = sum(sec.size for im in images for sec in im.sections if sec.name in (".symtab", ".dynsym"))
+    _QUEUED[key] = (elf_cache, list(images), list(paths), helper.HELPER_BASE + INDEX_PER_SYMTAB * tables)
+    _start_queued(directory)
     return True
 
 
+def _start_queued(directory: Optional[str]) -> None:
+    """Start the queued builds, in order, while the budget has room."""
+    from . import helper
+    budget = helper.BACKGROUND
+    for key, (elf_cache, images, paths, memory) in list(_QUEUED.items()):
+        if budget.tables_waiting or not budget.fits(memory):
+            return
+        del _QUEUED[key]
+        files: List[IdentifiedFile] = []
+        try:
+            for p in paths:
+                files.append(IdentifiedFile(elf_cache, p))
+            if any(f.identity != im.identity for f, im in zip(files, images)):
+                raise OSError("replaced")
+            job = helper.Job(["symbols"], files[0].proc_path, [f.proc_path for f in files[1:]],
+                             wall_limit_s=HELPER_WALL_S)
+        except (OSError, helper.HelperError):
+            for f in files:
+                f.close()
+            continue
+        budget.started(job, memory)
+        _INFLIGHT[key] = _Prefetch(job, files, directory, key)
+
+
 def poll_prefetches() -> int:
-    """The background builds that ended go into the cache; how many run still."""
+    """The background builds that ended go into the cache, queued ones
+    start; how many are queued or run still."""
     for key, pf in list(_INFLIGHT.items()):
         if pf.finish(wait=False):
             del _INFLIGHT[key]
-    return len(_INFLIGHT)
+    if _QUEUED:
+        _start_queued(_cache_directory())
+    return len(_INFLIGHT) + len(_QUEUED)
 
 
 def build_for_files(elf_cache, images: Sequence, paths: Sequence[str]) -> SymbolIndex:
@@ -603,6 +623,7 @@ def build_for_files(elf_cache, images: Sequence, paths: Sequence[str]) -> Symbol
     what its ElfFile was made from any more, or cannot be read."""
     directory = _cache_directory()
     key = cache_key(im.identity for im in images)
+    _QUEUED.pop(key, None)              # not started yet: built here, now
     pf = _INFLIGHT.pop(key, None)
     if pf is not None:
         pf.finish(wait=True)            # a prefetch of this very index: its result

@@ -32,6 +32,50 @@ WALL_LIMIT_S = 600.0
 _BASE_ENV = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL")}
 
 
+class Budget:
+    """What the helpers started in the background (unwind tables, symbol
+    indexes) may take at once: how many, and their memory (each job's peak
+    RSS, estimated by its starter).  One that does not fit alone runs
+    alone.  Unwind tables come first: while one waits for room
+    (tables_waiting), no symbol index starts."""
+
+    def __init__(self, jobs: int, memory: int):
+        self.jobs = jobs
+        self.memory = memory
+        self._running: dict = {}            # id(job) -> its estimate
+        self.tables_waiting = False
+
+    def fits(self, estimate: int) -> bool:
+        if not self._running:
+            return True
+        return len(self._running) < self.jobs and sum(self._running.values()) + estimate <= self.memory
+
+    def started(self, job: "Job", estimate: int) -> None:
+        self._running[id(job)] = estimate
+        job._budget = self
+
+    def ended(self, job: "Job") -> None:
+        self._running.pop(id(job), None)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+
+def background_jobs() -> int:
+    """Helpers at once: one per CPU, at most four (the target runs too)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+# Measured on torch's libraries: a table build's peak RSS is about 15 MB +
+# 9x the file's .eh_frame (libtorch_cpu.so's 17 MB: 142 MB), an index's
+# about 15 MB + 8x its symbol tables (libtorch_cpu.so's 12.5 MB: 106 MB).
+# With pyoffcpu's ~90 MB, 160 MB of helpers keeps a torch target's start
+# near 250 MB in all.
+HELPER_BASE = 15 << 20
+BACKGROUND = Budget(background_jobs(), 160 << 20)
+
+
 class HelperError(Exception):
     """The helper could not do the job: its one-line reason."""
 
@@ -89,6 +133,7 @@ class Job:
         (default the binary; the Python fallbacks give their own)."""
         self.args = list(args)
         self.path = path
+        self._budget: Optional[Budget] = None
         self.started = time.monotonic()
         self.wall_limit_s = wall_limit_s
         self.error: Optional[str] = None
@@ -165,12 +210,19 @@ class Job:
         self.kill()
         self._out.close()
         self._err.close()
+        self._release()
 
     def detach(self) -> None:
         """Leave it running on its own (it writes its result itself); its
         exit is not waited for (the kernel reaps it once we exit)."""
         self._out.close()
         self._err.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self._budget is not None:
+            self._budget.ended(self)
+            self._budget = None
 
 
 def run(args: Sequence[str], path: str, extra_paths: Sequence[str] = (),

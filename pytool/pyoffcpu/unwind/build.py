@@ -22,11 +22,11 @@ from .. import helper
 from . import table as T
 
 BUILD_LIMIT_S = 300.0       # a build that takes longer is killed: that file walks without
+HELPER_PER_EH_FRAME = 9     # a build's peak RSS: helper.HELPER_BASE + this x its .eh_frame
 
 
-def max_jobs() -> int:
-    """Helpers at once: one per CPU, at most four (the target runs too)."""
-    return max(1, min(4, os.cpu_count() or 1))
+def memory_estimate(eh_frame_size: int) -> int:
+    return helper.HELPER_BASE + HELPER_PER_EH_FRAME * max(0, eh_frame_size)
 
 
 @dataclass
@@ -39,6 +39,7 @@ class Pending:
     paths: List[str]            # where it can be opened now (map_files, the root's path)
     size: int
     id: int                     # in BPF's unwind_pending
+    memory: int = helper.HELPER_BASE   # its helper's peak RSS, estimated (memory_estimate)
     hits: int = 0               # walks that stopped at it
     job: Optional[helper.Job] = None
     looked: bool = False        # in the disk cache (once)
@@ -49,9 +50,9 @@ class Pending:
 class Builds:
     """The queue of wanted tables and the helpers making them."""
 
-    def __init__(self, cache: T.TableCache, jobs: Optional[int] = None):
+    def __init__(self, cache: T.TableCache, budget: Optional[helper.Budget] = None):
         self.cache = cache
-        self.jobs = jobs or max_jobs()
+        self.budget = budget or helper.BACKGROUND   # shared with the symbol indexes' helpers
         self.pending: Dict[tuple, Pending] = {}
         self.by_id: Dict[int, Pending] = {}
         self._next_id = 1
@@ -61,11 +62,12 @@ class Builds:
         self.failed = 0
 
     def want(self, key: tuple, cache_key: str, build_id: Optional[str], name: str,
-             paths: List[str], size: int) -> int:
+             paths: List[str], size: int, eh_frame_size: int = 0) -> int:
         """Queue a file (once); its id for unwind_map.npages."""
         p = self.pending.get(key)
         if p is None:
-            p = Pending(key, cache_key, build_id, name, list(paths), size, self._next_id)
+            p = Pending(key, cache_key, build_id, name, list(paths), size, self._next_id,
+                        memory=memory_estimate(eh_frame_size))
             self._next_id = self._next_id % (1 << 31) + 1
             self.pending[key] = p
             self.by_id[p.id] = p
@@ -124,7 +126,7 @@ class Builds:
             else:
                 self.cache.built += 1
             done.append((p.key, t))
-        running = sum(1 for p in self.pending.values() if p.job is not None)
+        blocked = False                 # the first build that does not fit waits: none after it starts
         tmps = None
         for p in self._order():
             # the disk cache first: a miss is one failed open, a hit an mmap
@@ -134,7 +136,8 @@ class Builds:
                 if t is not None or self.cache.known(p.cache_key):
                     done.append((p.key, t))
                     continue
-            if running >= self.jobs or not start:
+            if blocked or not start or not self.budget.fits(p.memory):
+                blocked = blocked or start
                 continue
             if tmps is None:
                 tmps = self._others_tmp()
@@ -146,7 +149,8 @@ class Builds:
                 done.append((p.key, self.cache.store(p.cache_key, None, p.build_id)))
                 continue
             p.job = job
-            running += 1
+            self.budget.started(job, p.memory)
+        self.budget.tables_waiting = blocked
         for key, _ in done:
             p = self.pending.pop(key, None)
             if p is not None:
