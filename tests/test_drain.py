@@ -78,6 +78,7 @@ def expected(items, gen=None):
 class Drainer(session.Session):
     def __init__(self, agg):
         self.bpf = {"agg": agg}
+        self.unwinder = None
         self._gen = 0
         self.controls = []
 

@@ -15,7 +15,7 @@ from conftest import pyenv_python
 from pyoffcpu import elffile, elfsyms, symbols
 from pyoffcpu.elffile import ElfCache, LoadSegment, identify, load_bias
 from pyoffcpu.symbols import Mapping, Symbolizer
-from pyoffcpu.unwind import loader
+from pyoffcpu.unwind import loader, walk
 from pyoffcpu.unwind import table as T
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -317,7 +317,7 @@ def test_load_bias_agrees_between_symbolizer_and_unwinder():
         assert elf is not None, m
         bias = elf.load_bias(m)
         assert bias is not None, m
-        if m.start in regions:
+        if m.start in regions and regions[m.start][3] is not walk.NO_TABLE:   # a file without a table: none to agree
             start, _end, base, table = regions[m.start]
             assert base - table.base == bias, m
             with_table += 1

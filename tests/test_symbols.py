@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from pyoffcpu import symbols
 from pyoffcpu.symbols import (
     AddressSpace, ElfSymbols, KernelSymbols, Mapping, NativeSymbol,
     Symbolizer, demangle, find_symbol_address, parse_maps, read_maps,
@@ -685,3 +686,25 @@ def test_target_root():
     finally:
         p.kill()
         p.wait()
+
+
+def test_code_and_file_lines_leave_out_what_changes_with_every_allocation():
+    """targets.snapshot keeps what can hold a pc or names a file: a busy
+    target's heap and buffers come and go without a new parse (and without
+    an AddressSpace that keeps them all)."""
+    text = ("55e0a000-55e0b000 r--p 00000000 fe:01 123 /usr/bin/python3.11\n"
+            "55e0b000-55e0c000 r-xp 00001000 fe:01 123 /usr/bin/python3.11\n"
+            "5603c0262000-5603cd31c000 rw-p 00000000 00:00 0                          [heap]\n"
+            "7f1664000000-7f1664021000 rw-p 00000000 00:00 0 \n"
+            "7f1664021000-7f1668000000 ---p 00000000 00:00 0 \n"
+            "7f1670000000-7f1670100000 rw-s 00000000 00:19 4242 /dev/shm/torch_1234_5678_0\n"
+            "7f1671000000-7f1671001000 rw-p 0001f000 fe:01 123 /usr/bin/python3.11\n"
+            "7f0000000000-7f0000001000 r-xp 00000000 00:00 0 \n"
+            "7f0000002000-7f0000003000 r-xp 00000000 00:01 77 /memfd:jit (deleted)\n"
+            "7ffd1000-7ffd2000 r-xp 00000000 00:00 0                  [vdso]\n"
+            "7ffd5000-7ffd6000 rw-p 00000000 00:00 0                  [stack]\n")
+    kept = symbols.parse_maps(symbols.code_and_file_lines(text))
+    assert [(m.start, m.perms, m.path) for m in kept] == [
+        (0x55e0a000, "r--p", "/usr/bin/python3.11"), (0x55e0b000, "r-xp", "/usr/bin/python3.11"),
+        (0x7f0000000000, "r-xp", ""), (0x7f0000002000, "r-xp", "/memfd:jit"), (0x7ffd1000, "r-xp", "[vdso]")]
+    assert [m.is_jit for m in kept] == [False, False, True, True, False]

@@ -206,6 +206,7 @@ class Session:
         # while the recording runs (_prefetch_symbols)
         self._symbolizer = None
         self._prefetched: set = set()
+        self._prefetch_seen: set = set()             # (pid, pc) already looked at
         self._ustack_pid: Dict[int, int] = {}        # user stack id -> the process it was seen in
         self._new_ustacks: List[int] = []
 
@@ -400,6 +401,10 @@ class Session:
             self._gen ^= 1
             self._write_control(gen=self._gen)
             time.sleep(GRACE_S)
+        if self.unwinder is not None:
+            # every native stack the old generation's times name was stored
+            # before them: all in this batch, or read by an earlier one
+            self.unwinder.take_stacks(self._native_ids)
         if "wake_agg" in self.bpf:
             for k, (count, ns) in _take_generation(self.bpf["wake_agg"], WAKE_KEY_FIELDS,
                                                    AGG_VALUE_FIELDS, final, old):
@@ -535,6 +540,9 @@ class Session:
             if space is None:
                 continue
             for pc in pcs:
+                if (pid, pc) in self._prefetch_seen:
+                    continue            # a pc of an earlier stack: its file was looked at
+                self._prefetch_seen.add((pid, pc))
                 m = space.find(pc)
                 if m is None or (m.inode, m.path) in self._prefetched or not m.is_file:
                     continue

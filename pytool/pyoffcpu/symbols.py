@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
@@ -181,6 +182,25 @@ def parse_maps(text: str) -> list[Mapping]:
         out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16),
                            parts[1], path, int(parts[4]), deleted))
     return out
+
+
+# The lines of /proc/PID/maps that symbols and unwinding need: executable
+# ones (code made at run time too), read-only file mappings (an ELF file's
+# first mapping gives its load bias), [vdso]/[vsyscall].  The rest changes
+# with every allocation of a busy target and never holds a pc: the heap,
+# thread stacks, anonymous buffers, and writable file mappings (a torch
+# DataLoader hands every batch over in shared memory, a new mapping each).
+_CODE_OR_FILE = re.compile(
+    r"^[0-9a-f]+-[0-9a-f]+ (?:[r-][w-]x[ps-] [^\n]*|r-[-x][ps] \S+ \S+ [1-9][^\n]*|[^\n]*\[v[^\n]*)\n?",
+    re.M)
+
+
+def code_and_file_lines(text: str) -> str:
+    """The part of a /proc/PID/maps text that symbols and unwinding need
+    (_CODE_OR_FILE): stable while a target only allocates, so a snapshot
+    that did not change it is not parsed again, and an AddressSpace does not
+    keep every buffer a long recording saw come and go."""
+    return "".join(m.group(0) for m in _CODE_OR_FILE.finditer(text))
 
 
 def read_maps(pid: int) -> list[Mapping]:

@@ -37,7 +37,8 @@ from .cpython.code import CodeReader
 from .memory import MemoryError_, ProcessMemory
 from .procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, stat_fields
 
-SNAPSHOT_S = 0.5                # maps and comm of every target read again
+SNAPSHOT_S = 0.5                # maps and comm of every target read again, at first ...
+SNAPSHOT_MAX_S = 4.0            # ... then twice as long after each look that found no change
 LIVENESS_S = 5.0                # ... and whether it lives, where exits are in the life log
 LAUNCH_WAIT_S = 3.0             # a launched command's time to map its interpreter
 RETRY_FIRST_S = 0.005           # ... looked for again after 5 ms, then half the time it has waited
@@ -105,7 +106,9 @@ class Target:
         self.epoch = 0
         self.start_ticks = start_ticks(pid)     # with the PID, names the process (reuse)
         self.retired = False            # its BPF registration is gone (Targets.retire)
-        self.maps_text: Optional[str] = None    # /proc/PID/maps at the last snapshot
+        self.maps_text: Optional[str] = None    # /proc/PID/maps at the last snapshot (code and files)
+        self.snapshot_every = SNAPSHOT_S        # Targets.poll's looks at its maps
+        self.next_snapshot = 0.0
         self.waits_for: Optional["Target"] = None     # --subprocesses: the parent it copies
         self.children_waiting: List["Target"] = []    # ... children forked before it was found
 
@@ -570,8 +573,14 @@ class Targets:
         if now - self._last_snapshot >= SNAPSHOT_S:
             self._last_snapshot = now
             for tgt in self:
-                if not tgt.exited and (self.select is None or sampled is None or tgt.pid in sampled):
-                    self.snapshot(tgt)
+                if tgt.exited or now < tgt.next_snapshot or not (
+                        self.select is None or sampled is None or tgt.pid in sampled):
+                    continue
+                # a library loaded since shows first in BPF's misses (above):
+                # this look is for the rest, and backs off while nothing changes
+                changed = self.snapshot(tgt)
+                tgt.snapshot_every = SNAPSHOT_S if changed else min(SNAPSHOT_MAX_S, 2 * tgt.snapshot_every)
+                tgt.next_snapshot = now + tgt.snapshot_every
         if self.unwinder is not None:
             self.unwinder.collect()     # the tables of files no process maps now
         if self.select is not None and not self.select.filtered:
@@ -688,19 +697,20 @@ class Targets:
         except KeyError:
             return {}
 
-    def snapshot(self, tgt: Target, reload: bool = False, force: bool = False):
-        """Its mappings now (for symbols and unwind tables), name and command.
-        The same text of /proc/PID/maps as last time: nothing changed, and
-        nothing is parsed (-a polls every process of the machine)."""
+    def snapshot(self, tgt: Target, reload: bool = False, force: bool = False) -> bool:
+        """Its mappings now (for symbols and unwind tables), name and command;
+        whether they changed.  The same code and file lines of /proc/PID/maps
+        as last time (symbols.code_and_file_lines): nothing is parsed (-a
+        polls every process of the machine)."""
         pid = tgt.pid
         rec = self.rec
         try:
             with open(f"/proc/{pid}/maps") as f:
-                text = f.read()
+                text = symbols.code_and_file_lines(f.read())
         except OSError:
-            return
+            return False
         if text == tgt.maps_text and not (reload or force):
-            return
+            return False
         tgt.maps_text = text
         maps = symbols.parse_maps(text)
         space = rec.spaces.get(pid)
@@ -721,6 +731,7 @@ class Targets:
         cmd = cmdline(pid)
         if cmd:
             rec.cmdlines[pid] = cmd
+        return True
 
     def _tables_for(self, tgt: Target) -> bool:
         """Unwind tables for every -p / command target; under -a for the
