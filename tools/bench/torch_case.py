@@ -209,8 +209,8 @@ def render_torch(d: dict, markdown_table, median) -> List[str]:
                               rows, "lrrrrrrr"))
     out.append("")
     built = sorted(d["cold"]["built"].items(), key=lambda kv: -kv[1])
-    out.append("Table builds of the cold start (the ten longest; helpers run "
-               f"{min(4, os.cpu_count() or 1)} at once): " +
+    out.append("Table builds of the cold start (the ten longest; helpers run up to "
+               f"{min(4, os.cpu_count() or 1)} at once within 160 MB, tables before symbol indexes): " +
                ", ".join(f"{os.path.basename(n)} {s:.2f} s" for n, s in built[:10]) + ".")
     out.append("")
     rows = [[label, ", ".join(f"{x:.3f}" for x in rs), f"{median(rs):.3f}" if rs else "-"]
