@@ -8,10 +8,10 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test bench root clean helper
 
-# The compiled helper (pytool/pyoffcpu/helper/): the unwind tables and symbol
+# The compiled helper (pytool/pyoffcpu/native/helper/): the unwind tables and symbol
 # indexes of a target's libraries, linked against the venv's own capstone (the
 # same decoder the Python side uses, so both give the same rows).
-HELPER_DIR := pytool/pyoffcpu/helper
+HELPER_DIR := pytool/pyoffcpu/native/helper
 HELPER := $(HELPER_DIR)/pyoffcpu-elf
 HELPER_SRC := $(wildcard $(HELPER_DIR)/*.c $(HELPER_DIR)/*.h)
 CAPSTONE_DIR = $(shell $(PY) -c 'import capstone, os; print(os.path.dirname(capstone.__file__))')

@@ -282,7 +282,7 @@ def run_pyoffcpu(*args, timeout=120, env_extra=None):
 
 def record_folded(tmp_path, *args, name="out.folded", env_extra=None, timeout=120):
     """Run pyoffcpu to a folded file; returns (CompletedProcess, Profile)."""
-    from pyoffcpu.profile import from_folded
+    from pyoffcpu.profile.model import from_folded
     out = tmp_path / name
     res = run_pyoffcpu("-o", str(out), *args, env_extra=env_extra, timeout=timeout)
     assert res.returncode == 0, res.stderr

@@ -30,7 +30,7 @@ import pytest
 from conftest import (MATRIX_LABELS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip,
                       source_line,
                       record_folded, wait_for_recording)
-from pyoffcpu.profile import FrameKind, from_folded
+from pyoffcpu.profile.model import FrameKind, from_folded
 
 DURATION = 4
 FREQUENCY = 99                  # pyoffcpu's default -F

@@ -1,4 +1,4 @@
-"""The cache of compiled BPF programs (pytool/pyoffcpu/bpfload.py): what is
+"""The cache of compiled BPF programs (pytool/pyoffcpu/collect/bpfload.py): what is
 compiled for one source, flags and kernel is never served for another; a
 damaged entry is compiled again with a one-line notice; a recording from the
 cache and one from a fresh compile have the same profile; a start from the
@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from conftest import ROOT, Workload, env, python_or_skip
-from pyoffcpu import bpfload
-from pyoffcpu.profile import FrameKind
+from pyoffcpu.collect import bpfload
+from pyoffcpu.profile.model import FrameKind
 
 DURATION = 4.0
 BPF_DIR = os.path.join(ROOT, "bpf")
@@ -41,7 +41,7 @@ def bpf_snapshot():
 @pytest.fixture
 def frozen_sources(monkeypatch):
     """In-process sessions compile the snapshot of bpf/."""
-    from pyoffcpu import session
+    from pyoffcpu.collect import session
     monkeypatch.setattr(session, "BPF_DIR", bpf_snapshot())
 
 
@@ -59,7 +59,7 @@ def compiles(monkeypatch):
 def compiled(p, **opts):
     """An in-process session of this process with its programs loaded (not
     attached), cleaned up after."""
-    from pyoffcpu import session
+    from pyoffcpu.collect import session
     s = session.Session(session.Options(pids=[os.getpid()], **opts), p)
     s._compile()
     try:
@@ -83,7 +83,7 @@ def entries(d):
 
 def record(tmp_path, cache, pid, name):
     """A -d DURATION recording of pid with the cache in `cache`; (result, profile)."""
-    from pyoffcpu.profile import from_folded
+    from pyoffcpu.profile.model import from_folded
     out = tmp_path / name
     res = subprocess.run([sys.executable, "-m", "pyoffcpu", "-o", str(out), "-p", str(pid),
                           "-d", str(DURATION)], env=cache_env(cache), capture_output=True,
@@ -197,8 +197,8 @@ def test_a_damaged_entry_is_compiled_again_with_a_one_line_notice(recordings, tm
 def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sources, compiles):
     """In-process, with the real programs: one compile per distinct source
     and flags; the same ones again are served from the cache."""
-    from pyoffcpu import platform as plat
-    from pyoffcpu import session
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.collect import session
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path))
     p = plat.probe()
 
@@ -305,7 +305,7 @@ def test_header_structs_are_the_ones_bpf_was_compiled_with(entry, bpf):
     """Python's ctypes of the structs in bpf/*.h (bpfdefs.struct_type, read
     from the headers) lay out every member where the compiled program has it:
     one source for both sides, and this fails when they part."""
-    from pyoffcpu import bpfdefs
+    from pyoffcpu.collect import bpfdefs
 
     def layout(t):
         if isinstance(t, type) and issubclass(t, ctypes.Structure):
@@ -333,7 +333,7 @@ def test_header_structs_are_the_ones_bpf_was_compiled_with(entry, bpf):
 def test_a_start_from_the_cache_maps_no_llvm(recordings):
     code = """
 import os, sys
-from pyoffcpu import platform as plat, session
+from pyoffcpu.collect import platform as plat, session
 s = session.Session(session.Options(pids=[os.getpid()]), plat.probe())
 s._compile()
 s._attach()
@@ -351,8 +351,8 @@ def test_a_finishing_program_the_verifier_refuses_is_not_fatal(recordings, tmp_p
                                                                frozen_sources):
     """The unwinder's programs are verified with the main ones, at once; one
     that fails leaves frame-pointer stacks and a notice, as before."""
-    from pyoffcpu import platform as plat
-    from pyoffcpu import session
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.collect import session
     shutil.copytree(recordings["cache"], tmp_path / "cache")
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path / "cache"))
     real = bpfload._prog_load
@@ -381,8 +381,8 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
     account of each map: BPF_OBJ_GET_INFO_BY_FD), from one cached entry: a
     map's size is not part of the programs.  Kernel stacks are kept only
     with --kernel."""
-    from pyoffcpu import platform as plat
-    from pyoffcpu import session
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.collect import session
     shutil.copytree(recordings["cache"], tmp_path / "cache")
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path / "cache"))
     p = plat.probe()
@@ -406,11 +406,11 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
 
 
 def test_btf_offsets_are_remembered_and_a_bad_record_is_ignored(tmp_path):
-    from pyoffcpu.btf import Btf, member_offsets
+    from pyoffcpu.collect.btf import Btf, member_offsets
     want = [("task_struct", "pid"), ("task_struct", "se.sum_exec_runtime"), ("pt_regs", "ip")]
     btf = Btf.load(bpfload.BTF_VMLINUX)
     truth = [btf.member_offset(s, m) for s, m in want]
-    from pyoffcpu import btf as btf_mod
+    from pyoffcpu.collect import btf as btf_mod
     btf_mod._OFFSETS.clear()
     assert member_offsets(bpfload.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
     (rec,) = [p for p in os.listdir(tmp_path) if p.startswith("btf-")]

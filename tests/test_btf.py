@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pyoffcpu.btf import Btf, BtfError
+from pyoffcpu.collect.btf import Btf, BtfError
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
 

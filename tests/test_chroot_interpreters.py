@@ -18,7 +18,7 @@ import pytest
 
 from conftest import (CHROOT_INTERPRETERS, CHROOT_LABELS, CHROOT_WORKLOADS, Workload,
                       chroot_cmd, chroot_workloads, python_or_skip, record_folded, source_line)
-from pyoffcpu.profile import FrameKind
+from pyoffcpu.profile.model import FrameKind
 
 REPORT = r"""
 import json, sys, sysconfig

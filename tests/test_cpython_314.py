@@ -25,9 +25,9 @@ import pytest
 from pyoffcpu.cpython import debug_offsets, detect, walker
 from pyoffcpu.cpython.code import CodeReader
 from pyoffcpu.cpython.offsets_table import OFFSETS_FROM_SOURCE
-from pyoffcpu.memory import MemoryError_
-from pyoffcpu.merge import Merger
-from pyoffcpu.session import Options, PyStack, Recording
+from pyoffcpu.targets.memory import MemoryError_
+from pyoffcpu.profile.merge import Merger
+from pyoffcpu.collect.session import Options, PyStack, Recording
 
 # -- the reference, transcribed ---------------------------------------------------
 # cpython-frames.md section 3: positions inside the 3.14 _Py_DebugOffsets (760 bytes).

@@ -15,8 +15,8 @@ import pytest
 
 from conftest import record_folded
 from pyoffcpu.cpython import detect
-from pyoffcpu.memory import ProcessMemory
-from pyoffcpu.profile import FrameKind
+from pyoffcpu.targets.memory import ProcessMemory
+from pyoffcpu.profile.model import FrameKind
 from conftest import INTERPRETERS as MATRIX
 
 # label -> path of the matrix interpreters installed here (test_cpython_versions

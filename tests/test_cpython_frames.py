@@ -5,8 +5,8 @@ stacks that cannot be trusted."""
 import pytest
 
 from pyoffcpu.cpython.code import CodeInfo
-from pyoffcpu.merge import Merger
-from pyoffcpu.session import PYF_ENTRY, PYS_TRUNCATED, Options, PyStack, Recording
+from pyoffcpu.profile.merge import Merger
+from pyoffcpu.collect.session import PYF_ENTRY, PYS_TRUNCATED, Options, PyStack, Recording
 
 PID = 99
 # lnotab (<= 3.9): (addr_incr, line_incr) pairs; line 10 from byte 0, 11 from byte 4

@@ -28,7 +28,7 @@ from conftest import (CHROOT_INTERPRETERS, CHROOT_LABELS, CPYTHON_MATRIX, INTERP
                       MATRIX_LABELS, WORKLOADS, NsWorkload, Workload, chroot_cmd, chroot_ns_cmd,
                       chroot_workloads, env, pyoffcpu_cmd, python_or_skip, wait_for_recording)
 from pyoffcpu.cpython.detect import SUPPORTED
-from pyoffcpu.profile import TRUNCATED, FrameKind, from_folded
+from pyoffcpu.profile.model import TRUNCATED, FrameKind, from_folded
 
 DURATION = 3
 FREQUENCY = 499

@@ -13,9 +13,9 @@ import subprocess
 import pytest
 
 from conftest import REQUIRE_BPF, Workload, python_or_skip, record_folded
-from pyoffcpu import summary
-from pyoffcpu.profile import FrameKind, Profile, StackKey, native_frame, python_frame
-from pyoffcpu.symbols import DEBUG_DIRS_ENV, ModuleSymbols
+from pyoffcpu.profile import summary
+from pyoffcpu.profile.model import FrameKind, Profile, StackKey, native_frame, python_frame
+from pyoffcpu.native.symbols import DEBUG_DIRS_ENV, ModuleSymbols
 
 BID = "ab" + "cd" * 19
 DBG_PATH = f"/usr/lib/debug/.build-id/ab/{'cd' * 19}.debug"

@@ -5,7 +5,7 @@ import subprocess
 from conftest import env, pyoffcpu_cmd
 from pyoffcpu.export.diff import diff_colour, largest_changes, read_profile, render_diff
 from pyoffcpu.export.pprof import render_pprof
-from pyoffcpu.profile import from_folded
+from pyoffcpu.profile.model import from_folded
 from test_export import _frames, _rgb
 
 # A: 1 s of work, 1 s waiting; B (another process, twice as long a recording):

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from pyoffcpu import session
+from pyoffcpu.collect import session
 
 
 class Key(ctypes.Structure):
@@ -159,8 +159,8 @@ def test_an_ended_threads_wakers_fold_with_its_waits():
     """--wakers: when an ended thread folds into its group, the wakers of its
     waits go with them, so each wait's time is still split by its wakers
     (the chains add up to the wait) under the group's root."""
-    from pyoffcpu import bpfdefs
-    from pyoffcpu.merge import build_profile
+    from pyoffcpu.collect import bpfdefs
+    from pyoffcpu.profile.merge import build_profile
     d = Drainer(FakeAgg([]))
     d._entries, d._groups = {}, {}
     d._tid_keys, d._tid_wakes = {}, {}

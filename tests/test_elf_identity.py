@@ -12,11 +12,11 @@ import time
 import pytest
 
 from conftest import pyenv_python
-from pyoffcpu import elffile, elfsyms, symbols
-from pyoffcpu.elffile import ElfCache, LoadSegment, identify, load_bias
-from pyoffcpu.symbols import Mapping, Symbolizer
-from pyoffcpu.unwind import loader, walk
-from pyoffcpu.unwind import table as T
+from pyoffcpu.native import elffile, symbols
+from pyoffcpu.native.elffile import ElfCache, LoadSegment, identify, load_bias
+from pyoffcpu.native.symbols import Mapping, Symbolizer
+from pyoffcpu.native.unwind import loader, walk
+from pyoffcpu.native.unwind import table as T
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 PYTHON311 = "/usr/bin/python3.11"
@@ -133,8 +133,8 @@ def test_a_file_under_four_names_is_parsed_once(tmp_path, monkeypatch, path):
     elfs = [sym.elf_for_path(p) for p in paths]
     # every other way of reading symbols goes through the same entry
     for p in paths:
-        assert elfsyms.defined_symbols(p, ["malloc", "_PyRuntime"], cache=cache) == \
-            elfsyms.defined_symbols(path, ["malloc", "_PyRuntime"], cache=cache)
+        assert cache.defined_symbols(p, ["malloc", "_PyRuntime"]) == \
+            cache.defined_symbols(path, ["malloc", "_PyRuntime"])
         symbols.find_symbol_address(p, "_PyRuntime", debug_dirs=[], cache=cache)
         assert cache.get(p) is cache.get(path)
     assert len(cache) == 1
@@ -163,7 +163,7 @@ def test_the_symbolizer_the_unwinder_and_detection_share_one_parse_per_file(tmp_
         if "x" in m.perms:
             sym.resolve_user(pid, m.start, space)
         if m.is_file:
-            elfsyms.defined_symbols(m.path, ["_PyRuntime", "Py_Version"], cache=cache)
+            cache.defined_symbols(m.path, ["_PyRuntime", "Py_Version"])
     assert len(cache) >= 3
     assert cache.parses == len(cache)
     assert parses.by_identity and set(parses.by_identity.values()) == {1}, parses.by_identity

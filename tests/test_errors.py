@@ -228,14 +228,14 @@ def test_output_directory_removed_during_the_recording(tmp_path, bpf):
 
 
 def _small_profile():
-    from pyoffcpu.profile import from_folded
+    from pyoffcpu.profile.model import from_folded
     return from_folded("process 42 python3;thread 42 MainThread;f (a.py:1) 10\n")
 
 
 def test_fallback_keeps_the_format_of_an_explicit_format(tmp_path, monkeypatch):
     """-o out.txt --format svg: the fallback copy is named .svg, as it is one."""
     from pyoffcpu.export import write_profile_or_fallback
-    from pyoffcpu.platform import ProfilerError
+    from pyoffcpu.collect.platform import ProfilerError
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
     (tmp_path / "temp").mkdir()
     with pytest.raises(ProfilerError) as exc:
@@ -250,7 +250,7 @@ def test_fallback_that_fails_too_says_both(tmp_path, monkeypatch):
     """Output and temp directory on the same full disk: one line saying both
     writes failed, and no stray files left."""
     from pyoffcpu.export import write_profile_or_fallback
-    from pyoffcpu.platform import ProfilerError
+    from pyoffcpu.collect.platform import ProfilerError
     full = tmp_path / "full"
     with full_filesystem(full):
         monkeypatch.setattr(tempfile, "tempdir", str(full))

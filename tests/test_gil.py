@@ -1,11 +1,11 @@
 """The GIL's state from BPF's keys into the profile (no BPF: a Recording
 built by hand): per-thread GIL times, and the [gil not held] marker on a
 Python frame that ran on a CPU without the GIL."""
-from pyoffcpu import bpfdefs
+from pyoffcpu.collect import bpfdefs
 from pyoffcpu.cpython.code import CodeInfo
-from pyoffcpu.merge import build_profile
-from pyoffcpu.profile import GIL_NOT_HELD
-from pyoffcpu.session import Options, PyStack, Recording
+from pyoffcpu.profile.merge import build_profile
+from pyoffcpu.profile.model import GIL_NOT_HELD
+from pyoffcpu.collect.session import Options, PyStack, Recording
 
 PID = 300
 LOCATIONS = bytes([0x80 | (13 << 3), 0x00])     # 3.11+: unit 0, line 10
@@ -55,7 +55,7 @@ def test_times_by_gil_state_and_the_marker_on_python_without_it():
 
 
 def test_gil_bits_leave_the_state_and_the_system_call_alone():
-    from pyoffcpu import reasons
+    from pyoffcpu.profile import reasons
     k = reasons.with_sys(bpfdefs.KIND_SLEEP, 202) | (bpfdefs.GIL_HELD << bpfdefs.GIL_SHIFT)
     assert bpfdefs.kind_gil(k) == bpfdefs.GIL_HELD
     assert reasons.split_kind(bpfdefs.without_gil(k)) == (bpfdefs.KIND_SLEEP, 202)
@@ -71,7 +71,7 @@ class FakeMemory:
         self.words = words
 
     def u64(self, addr):
-        from pyoffcpu.memory import MemoryError_
+        from pyoffcpu.targets.memory import MemoryError_
         if addr not in self.words:
             raise MemoryError_(addr)
         return self.words[addr]

@@ -1,4 +1,4 @@
-"""The compiled helper's `table` command (pytool/pyoffcpu/helper/tables.c)
+"""The compiled helper's `table` command (pytool/pyoffcpu/native/helper/tables.c)
 writes exactly the bytes of the Python reference,
 serialize(table_from_elf(...)) of unwind/table.py, on real libraries of
 every kind the profiler meets: system libraries, static and shared
@@ -13,10 +13,10 @@ import time
 import pytest
 
 from conftest import cached_venv, python_or_skip, torch_python
-from pyoffcpu import helper
-from pyoffcpu.elffile import ElfCache
-from pyoffcpu.unwind import prologue
-from pyoffcpu.unwind import table as T
+from pyoffcpu.native import helper
+from pyoffcpu.native.elffile import ElfCache
+from pyoffcpu.native.unwind import prologue
+from pyoffcpu.native.unwind import table as T
 from test_nocfi_bpf import extensions, stripped  # noqa: F401 - fixtures: nocfi.so built as that test builds it
 from test_numpy_bpf import NUMPY, ORT
 

@@ -29,8 +29,7 @@ import sys
 import pytest
 
 from pyoffcpu.cpython import linetable
-from pyoffcpu.cpython.linetable import (
-    LineTable, decode_ranges, line_for_offset, table_kind)
+from pyoffcpu.cpython.linetable import LineTable, decode_ranges, line_for_offset, table_kind
 
 
 # ---------------------------------------------------------------------------

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from pyoffcpu import libc
+from pyoffcpu.targets import libc
 from pyoffcpu.cpython import detect, walker
 from pyoffcpu.cpython.code import CodeReader
-from pyoffcpu.memory import MemoryError_, ProcessMemory
-from pyoffcpu.unwind import loader, walk
-from pyoffcpu.unwind import table as T
+from pyoffcpu.targets.memory import MemoryError_, ProcessMemory
+from pyoffcpu.native.unwind import loader, walk
+from pyoffcpu.native.unwind import table as T
 
 HIGH = 1 << 63
 BAD_ADDRESSES = [HIGH, HIGH + 8, (1 << 64) - 8, (1 << 64) - 1, 1 << 64, 1 << 70, -1, -(1 << 63), 0]

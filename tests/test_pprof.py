@@ -13,7 +13,7 @@ from conftest import Workload, python_or_skip, run_pyoffcpu
 from pyoffcpu.export import format_for_path, render, write_profile
 from pyoffcpu.export.folded import render_folded
 from pyoffcpu.export.pprof import Message, fields, from_pprof, render_pprof, varint
-from pyoffcpu.profile import from_folded
+from pyoffcpu.profile.model import from_folded
 from test_export import WAKER_FOLDED, known_profile
 
 

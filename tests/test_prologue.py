@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from conftest import WORKLOADS
-from pyoffcpu.unwind import prologue as PR
-from pyoffcpu.unwind import table as T
+from pyoffcpu.native.unwind import prologue as PR
+from pyoffcpu.native.unwind import table as T
 
 pytestmark = pytest.mark.skipif(not PR.available(), reason="capstone is missing")
 D = T.UR_DERIVED

@@ -2,8 +2,9 @@
 are tried in, and the kind encoding BPF and /proc share with it."""
 import pytest
 
-from pyoffcpu import bpfdefs, reasons
-from pyoffcpu.profile import Frame, FrameKind, native_frame, python_frame
+from pyoffcpu.collect import bpfdefs
+from pyoffcpu.profile import reasons
+from pyoffcpu.profile.model import Frame, FrameKind, native_frame, python_frame
 
 S, D, R, OTHER = (bpfdefs.KIND_SLEEP, bpfdefs.KIND_UNINTERRUPTIBLE, bpfdefs.KIND_RUNQUEUE,
                   bpfdefs.KIND_OTHER)
@@ -98,7 +99,7 @@ def test_omp_spin_is_a_wait_reached_through_the_runtime_and_libc_only():
     before any other code; what the runtime runs for the program is work."""
     from types import SimpleNamespace
 
-    from pyoffcpu.merge import Merger
+    from pyoffcpu.profile.merge import Merger
     omp = "/usr/lib/x86_64-linux-gnu/libomp.so.5"
     wait = native_frame("libomp.so.5@0x7bdb0", omp)
     merger = SimpleNamespace(spin_frames={wait})

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import Workload, python_or_skip, record_folded
-from pyoffcpu.profile import from_folded
+from pyoffcpu.profile.model import from_folded
 
 LABELS = ["pyenv-3.9", "pyenv-3.11", "pyenv-3.13", "debian-3.11"]
 SHARE = 0.95

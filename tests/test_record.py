@@ -11,7 +11,7 @@ import pytest
 from conftest import (CHROOT_LABELS, PYTHONS, WORKLOADS, Workload, chroot_cmd, chroot_workloads,
                       env, pyoffcpu_cmd, python_or_skip, record_folded, run_pyoffcpu, source_line,
                       wait_for_recording)
-from pyoffcpu.profile import OFF_RUNQUEUE, FrameKind, from_folded
+from pyoffcpu.profile.model import OFF_RUNQUEUE, FrameKind, from_folded
 
 DURATION = 5.0
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip
-from pyoffcpu import snapshot as S
+from pyoffcpu.commands import snapshot as S
 from pyoffcpu.export.pprof import from_pprof
 
 
@@ -107,7 +107,7 @@ def test_gpu_facts_of_a_process_holding_a_device_open(gpu_standin):
 def test_nvml_absent_and_present_without_a_gpu(tmp_path):
     """Without nvidia-ml-py: no facts, a note; with it but no driver (this
     machine): the same, no traceback."""
-    code = "from pyoffcpu import snapshot as S; print(S.nvml_facts())"
+    code = "from pyoffcpu.commands import snapshot as S; print(S.nvml_facts())"
     res = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True)
     assert res.returncode == 0 and "nvidia-ml-py is not installed" in res.stdout, res
     target = tmp_path / "nvml"

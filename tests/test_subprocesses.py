@@ -9,7 +9,7 @@ import pytest
 
 from conftest import (WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip, record_folded,
                       source_line, wait_for_recording)
-from pyoffcpu.profile import FrameKind, from_folded
+from pyoffcpu.profile.model import FrameKind, from_folded
 
 WORK_LINES = set(range(source_line("pool.py", "def work(seconds)"), source_line("pool.py", "# WORK") + 1))
 WAIT = source_line("pool.py", "# WAIT")

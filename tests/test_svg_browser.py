@@ -15,7 +15,7 @@ import zlib
 import pytest
 
 from pyoffcpu.export.svg import render_svg
-from pyoffcpu.profile import from_folded
+from pyoffcpu.profile.model import from_folded
 
 CHROMIUM = "/usr/bin/chromium"
 SVG_NS = "{http://www.w3.org/2000/svg}"

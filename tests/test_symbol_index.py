@@ -14,12 +14,11 @@ import subprocess
 import pytest
 
 from conftest import torch_python
-from pyoffcpu import demangle as D
-from pyoffcpu import helper, symindex
-from pyoffcpu.elffile import ElfCache
-from pyoffcpu.symbols import (AddressSpace, ElfSymbols, Mapping, Symbolizer, _function_table,
-                              demangle)
-from pyoffcpu.unwind import ehframe
+from pyoffcpu.native import demangle as D
+from pyoffcpu.native import helper, symindex
+from pyoffcpu.native.elffile import ElfCache
+from pyoffcpu.native.symbols import AddressSpace, ElfSymbols, Mapping, Symbolizer, _function_table, demangle
+from pyoffcpu.native.unwind import ehframe
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 PYTHON311 = "/usr/bin/python3.11"

@@ -8,12 +8,8 @@ import time
 
 import pytest
 
-from pyoffcpu import symbols
-from pyoffcpu.symbols import (
-    AddressSpace, ElfSymbols, KernelSymbols, Mapping, NativeSymbol,
-    Symbolizer, demangle, find_symbol_address, parse_maps, read_maps,
-    runtime_address,
-)
+from pyoffcpu.native import symbols
+from pyoffcpu.native.symbols import AddressSpace, ElfSymbols, KernelSymbols, Mapping, NativeSymbol, Symbolizer, demangle, find_symbol_address, parse_maps, read_maps, runtime_address
 
 CFLAGS = ["-O2", "-fomit-frame-pointer"]
 
@@ -227,7 +223,7 @@ def test_cxx_demangled(spawn):
 def test_demangle_without_cxxfilt(monkeypatch):
     """In the process (libstdc++) c++filt is not needed; without either,
     names stay as they are."""
-    from pyoffcpu import demangle as D
+    from pyoffcpu.native import demangle as D
     monkeypatch.setenv("PATH", "/nonexistent")
     assert demangle(["_ZN4demo6Widget4spinEi", "plain"]) == \
         {"_ZN4demo6Widget4spinEi": "demo::Widget::spin(int)"}
@@ -443,10 +439,7 @@ def test_pyruntime_shared_libpython():
 # ---------------------------------------------------------------------------
 # Debug files: $PYOFFCPU_DEBUG_DIRS, and the target's own root first.
 # ---------------------------------------------------------------------------
-from pyoffcpu.symbols import (  # noqa: E402
-    DEBUG_DIRS_ENV, DEFAULT_DEBUG_DIRS, ModuleSymbols, _debug_candidates,
-    _open_image, debug_dirs_from_env, target_root,
-)
+from pyoffcpu.native.symbols import DEBUG_DIRS_ENV, DEFAULT_DEBUG_DIRS, ModuleSymbols, _debug_candidates, _open_image, debug_dirs_from_env, target_root
 
 ROOTED_C = r"""
 #include <stdio.h>

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import (WORKLOADS, chroot_cmd, chroot_ns_cmd, chroot_workloads, env, pyoffcpu_cmd,
                       python_or_skip, source_line, wait_for_recording)
-from pyoffcpu.profile import FrameKind, from_folded
+from pyoffcpu.profile.model import FrameKind, from_folded
 
 # CPU seconds each spinner spins before it exits: more than any recording
 # here lasts (they are killed at the end); with 5 s, a start of -a that
@@ -251,8 +251,8 @@ def test_unwind_rows_are_shared_by_the_processes_of_one_interpreter(bpf):
     # the tables of a file are written once, however many processes map it:
     # 100 processes of one interpreter and libc take the rows of one (<= 1.5x
     # allowed by the issue; a script of each own adds no executable mapping)
-    from pyoffcpu import platform as plat
-    from pyoffcpu.session import Options, Session
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.collect.session import Options, Session
     py = python_or_skip("pyenv-3.12")
 
     def rows_for(n):

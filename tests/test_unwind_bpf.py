@@ -11,7 +11,7 @@ import pytest
 
 from conftest import (WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip, record_folded,
                       wait_for_recording)
-from pyoffcpu.profile import FrameKind, from_folded
+from pyoffcpu.profile.model import FrameKind, from_folded
 
 DURATION = 5.0
 SHARE = 0.95
@@ -160,10 +160,10 @@ def test_library_loaded_during_the_recording_is_unwound(extension, tmp_path, bpf
 def test_native_stacks_match_the_python_stacks(label, bpf):
     """On-CPU samples inside Python: the eval frames of the native stack pair
     one to one with the Python groups (no fallback)."""
-    from pyoffcpu import bpfdefs, platform as plat
-    from pyoffcpu import symbols
-    from pyoffcpu.merge import Merger
-    from pyoffcpu.session import Options, Session
+    from pyoffcpu.collect import bpfdefs, platform as plat
+    from pyoffcpu.native import symbols
+    from pyoffcpu.profile.merge import Merger
+    from pyoffcpu.collect.session import Options, Session
     python = python_or_skip(label)
     w = Workload(python, "split.py", DURATION + 60)
     try:
@@ -212,7 +212,7 @@ def test_thread_waiting_for_the_gil_shows_take_gil(label, tmp_path, bpf):
 
 
 def _has_debug_file(python):
-    from pyoffcpu.symbols import ElfSymbols
+    from pyoffcpu.native.symbols import ElfSymbols
     return ElfSymbols(os.path.realpath(python)).debug_file is not None
 
 

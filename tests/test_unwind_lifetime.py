@@ -6,8 +6,8 @@ import subprocess
 import time
 
 from conftest import python_or_skip
-from pyoffcpu import symbols
-from pyoffcpu.unwind import loader
+from pyoffcpu.native import symbols
+from pyoffcpu.native.unwind import loader
 
 
 # -- the bookkeeping, on maps that behave like the kernel's ---------------------------------------
@@ -36,7 +36,7 @@ class _Procs(dict):
 
 
 def _unwinder(monkeypatch):
-    from pyoffcpu.bpfdefs import struct_type
+    from pyoffcpu.collect.bpfdefs import struct_type
     real = type("T", (), {"Key": __import__("ctypes").c_uint32, "Leaf": struct_type("proc_unwind")})
     u = loader.NativeUnwinder(None)
     u._files, u._procs = _Slots(), _Procs(real)
@@ -132,8 +132,8 @@ def test_tables_of_an_exited_process_are_freed_and_the_others_kept(bpf):
     tables only it mapped (its libpython) leave the kernel; those the 3.12
     one maps stay, libc among them.  (The tables are made while the
     recording runs: the 3.9 one exits once none is waiting.)"""
-    from pyoffcpu import platform as plat
-    from pyoffcpu.session import Options, Session
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.collect.session import Options, Session
     py39, py312 = python_or_skip("pyenv-3.9"), python_or_skip("pyenv-3.12")
     loop = "import time\nwhile True: time.sleep(0.01)"
     a = subprocess.Popen([py39, "-c", loop])

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from pyoffcpu.unwind import ehframe as E
-from pyoffcpu.unwind import table as T
+from pyoffcpu.native.unwind import ehframe as E
+from pyoffcpu.native.unwind import table as T
 
 from conftest import pyenv_python
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from pyoffcpu import symbols
-from pyoffcpu.unwind import loader, walk
+from pyoffcpu.native import symbols
+from pyoffcpu.native.unwind import loader, walk
 
 CHAIN_C = r"""
 #include <unistd.h>
@@ -52,7 +52,7 @@ def names_of(pid, pcs):
 
 
 def test_blocked_thread_walks_to_start(blocked, tmp_path):
-    from pyoffcpu.unwind import table as T
+    from pyoffcpu.native.unwind import table as T
     u = loader.NativeUnwinder(None, cache=T.TableCache(str(tmp_path / "cache")))
     assert u.update(blocked.pid, symbols.read_maps(blocked.pid))
     got = u.walk_blocked(blocked.pid, blocked.pid)
@@ -64,7 +64,7 @@ def test_blocked_thread_walks_to_start(blocked, tmp_path):
     if blocked.flavour == "nofp":
         # complete: it ends at _start's undefined return address, every
         # caller frame found from CFI
-        from pyoffcpu import bpfdefs
+        from pyoffcpu.collect import bpfdefs
         assert flags & 0xFFFFFFFF == 0, flags
         assert bpfdefs.frame_methods(flags) == {"cfi": len(pcs) - 1, "prologue": 0, "frame pointer": 0}
         assert chain == ["c_wait", "b_mid", "a_top", "main", "_start"], names

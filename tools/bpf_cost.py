@@ -135,8 +135,8 @@ class Phase:
         self.depths = (0, 0)
 
     def run(self):
-        from pyoffcpu import bpfdefs, platform as plat
-        from pyoffcpu.session import Options, Session
+        from pyoffcpu.collect import bpfdefs, platform as plat
+        from pyoffcpu.collect.session import Options, Session
         a = self.args
         argv = self.argv or [a.python, os.path.join(WORKLOADS, "deep_stacks.py"), self.so, self.mode,
                              str(a.seconds + 8), str(a.py_depth), str(a.native_depth)]

@@ -5,7 +5,7 @@ the 1M limit, and the kernel's verification time), as the session builds them
 
     sudo .venv/bin/python tools/bpf_insns.py        # PYOFFCPU_NATIVE_UNWIND=0 for the FP build
 
-The programs are loaded through pytool/pyoffcpu/bpfload.py with the
+The programs are loaded through pytool/pyoffcpu/collect/bpfload.py with the
 verifier's statistics log (BPF_LOG_STATS): the raw tracepoint programs
 (sched_switch, fork, exec), on_cpu_sample, and the tail-called finishing
 programs unwind_perf / unwind_tp / memo_tp (bpf/unwind.h).
@@ -24,9 +24,9 @@ LOG_STATS = 4
 def main() -> int:
     if os.geteuid() != 0:
         sys.exit("bpf_insns: run as root")
-    from pyoffcpu import bpfload
-    from pyoffcpu import platform as plat
-    from pyoffcpu.session import Options, Session
+    from pyoffcpu.collect import bpfload
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.collect.session import Options, Session
 
     load = bpfload.load
     bpfload.load = lambda *a, **kw: load(*a, **dict(kw, log_level=LOG_STATS))

@@ -104,7 +104,7 @@ def main():
         print(f"gpu_check: no NVIDIA driver here ({e})", file=sys.stderr)
         return 2
     sys.path.insert(0, os.path.join(ROOT, "pytool"))
-    from pyoffcpu.profile import from_folded
+    from pyoffcpu.profile.model import from_folded
     w = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--workload",
                           "--seconds", str(a.seconds)], stdout=subprocess.PIPE, text=True)
     tids = {}

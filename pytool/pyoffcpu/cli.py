@@ -10,7 +10,7 @@ from typing import Optional
 import click
 
 from . import __version__
-from .platform import ProfilerError
+from .collect.platform import ProfilerError
 
 RECORD_EPILOG = """\b
 Examples:
@@ -122,7 +122,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
            keep_tids, tables_first, command):
     """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
     from .export import check_writable, format_for_path
-    from .reasons import REASONS
+    from .profile.reasons import REASONS
 
     if wakers and (mode or ("cpu" if all_ else "wall")) == "cpu":
         raise click.UsageError("--wakers needs --mode wall or --mode off (waits are only seen there)")
@@ -143,7 +143,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
             re.compile(match)
         except re.error as e:
             raise click.UsageError(f"--match: not a regular expression: {e}")
-    from .targets import Select
+    from .targets.processes import Select
     filtered = Select(match, uid, python_only).filtered
     if filtered and not all_:
         raise click.UsageError("--match, --uid and --python-only select processes for -a")
@@ -174,7 +174,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
         except OSError as e:
             fail(f"cannot write to the current directory: {e.strerror or e}", "give -o PATH")
 
-    from .session import Options, tables_first_env
+    from .collect.session import Options, tables_first_env
     opts = Options(pids=list(pids), command=list(command), duration=duration,
                    frequency=frequency, mode=mode, kernel=kernel, fold_threads=not keep_tids,
                    system_wide=all_, match=match, uid=uid, python_only=python_only,
@@ -199,10 +199,10 @@ def _status_line(rec, elapsed: float):
 
 def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bool,
             only_reasons: Optional[set] = None):
-    from . import platform as plat
+    from .collect import platform as plat
     from .export import write_profile_or_fallback
-    from .session import Session
-    from .summary import render_summary
+    from .collect.session import Session
+    from .profile.summary import render_summary
 
     platform = plat.probe()
     target = (f"pid {opts.pids[0]}" if opts.pids else "every process" if opts.system_wide
@@ -227,8 +227,8 @@ def _record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: bo
     for notice in rec.notices:
         click.echo(f"pyoffcpu: notice: {notice}", err=True)
 
-    from . import symbols
-    from .merge import build_profile
+    from .native import symbols
+    from .profile.merge import build_profile
     ksyms = symbols.KernelSymbols.load() if opts.kernel else None
     prof, stats = build_profile(rec, symbols.Symbolizer(), ksyms)
     if only_reasons is not None:
@@ -349,7 +349,7 @@ written, 3 another snapshot holds DIR's lock (this run did nothing).
 def snapshot(directory, pids, match, gpu, duration, frequency, mode, formats, keep_days,
              max_total_mb, print_cron, every):
     """Short wall-clock profiles of the processes that matter, for cron."""
-    from . import snapshot as S
+    from .commands import snapshot as S
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
     bad = [f for f in fmts if f not in S.SNAPSHOT_FORMATS]
     if bad or not fmts:
@@ -399,8 +399,8 @@ def report(directory, output):
     """One HTML page over the snapshots in DIR: a timeline per host and
     process, top functions and off-CPU reasons, links to each file."""
     from .export import check_writable, write_bytes_atomic
-    from .report import render_report
-    from .snapshot import INDEX
+    from .commands.report import render_report
+    from .commands.snapshot import INDEX
     if not os.path.isfile(os.path.join(directory, INDEX)):
         fail(f"no snapshot index in {directory} ({INDEX})", "run `pyoffcpu snapshot --dir DIR` first")
     output = output or os.path.join(directory, "report.html")
@@ -443,8 +443,8 @@ so a deadlocked process can be dumped (and stays as it was).
 @click.option("--subprocesses", is_flag=True, help="The processes it started too.")
 def dump(pid, native, as_json, subprocesses):
     """Every thread's current stack, its state, the GIL holder, lock owners."""
-    from . import dump as D
-    from .platform import check_privileges
+    from .commands import dump as D
+    from .collect.platform import check_privileges
     try:
         check_privileges()
     except ProfilerError as e:
@@ -489,9 +489,9 @@ the terminal.
 @click.option("--once", is_flag=True, help="Print one refresh (about a second) as text and exit.")
 def top(pids, all_, mode, frequency, once):
     """A live view: functions by on-CPU, off-CPU or wall time, threads' states."""
-    from . import platform as plat
-    from . import top as T
-    from .session import Options, Session
+    from .collect import platform as plat
+    from .commands import top as T
+    from .collect.session import Options, Session
     if bool(pids) == bool(all_):
         raise click.UsageError("give -p PID or -a")
     mode = mode or ("cpu" if all_ else "wall")
@@ -508,7 +508,7 @@ def top(pids, all_, mode, frequency, once):
     if all_:
         title = "pyoffcpu top: every process"
     else:
-        from .procfs import comm
+        from .targets.procfs import comm
         names = ", ".join(f"{p} {comm(p)}" for p in pids)
         title = f"pyoffcpu top: pid {names}"
 

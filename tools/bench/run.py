@@ -666,18 +666,18 @@ def startup_case(tools: Tools, res: Results, runs: int, short_s: float, long_s: 
 
 
 BREAKDOWN = [   # (file suffix, function, what it is); a step that did not run is left out
-    ("pyoffcpu/session.py", "<module>", "import pyoffcpu.session (and all it imports)"),
-    ("pyoffcpu/platform.py", "probe", "platform.probe: privileges, BTF offsets of task_struct, tracefs"),
-    ("pyoffcpu/session.py", "_compile", "Session._compile: bpfload.load and its cflags"),
-    ("pyoffcpu/bpfload.py", "load", "bpfload.load: cache lookup, maps, verifier, raw tracepoints attached"),
-    ("pyoffcpu/bpfload.py", "cache_key", "bpfload.cache_key: sha256 of the text, headers, BTF, bcc"),
-    ("pyoffcpu/bpfload.py", "_read_entry", "bpfload._read_entry: read and check the cache entry"),
-    ("pyoffcpu/bpfload.py", "compile_in_child", "bpfload.compile_in_child: bcc/clang (a cache miss only)"),
-    ("pyoffcpu/bpfload.py", "load_funcs_parallel", "bpfload.load_funcs_parallel: the kernel verifier, "
+    ("pyoffcpu/collect/session.py", "<module>", "import pyoffcpu.collect.session (and all it imports)"),
+    ("pyoffcpu/collect/platform.py", "probe", "platform.probe: privileges, BTF offsets of task_struct, tracefs"),
+    ("pyoffcpu/collect/session.py", "_compile", "Session._compile: bpfload.load and its cflags"),
+    ("pyoffcpu/collect/bpfload.py", "load", "bpfload.load: cache lookup, maps, verifier, raw tracepoints attached"),
+    ("pyoffcpu/collect/bpfload.py", "cache_key", "bpfload.cache_key: sha256 of the text, headers, BTF, bcc"),
+    ("pyoffcpu/collect/bpfload.py", "_read_entry", "bpfload._read_entry: read and check the cache entry"),
+    ("pyoffcpu/collect/bpfload.py", "compile_in_child", "bpfload.compile_in_child: bcc/clang (a cache miss only)"),
+    ("pyoffcpu/collect/bpfload.py", "load_funcs_parallel", "bpfload.load_funcs_parallel: the kernel verifier, "
                                                    "all programs"),
-    ("pyoffcpu/session.py", "_attach", "Session._attach: perf events, perf buffer, the unwinder's tail-call slots"),
-    ("pyoffcpu/bpfload.py", "attach_perf_event", "Program.attach_perf_event: cpu-clock on every CPU"),
-    ("pyoffcpu/session.py", "_add_target", "Session._add_target: find the target's CPython, register it"),
+    ("pyoffcpu/collect/session.py", "_attach", "Session._attach: perf events, perf buffer, the unwinder's tail-call slots"),
+    ("pyoffcpu/collect/bpfload.py", "attach_perf_event", "Program.attach_perf_event: cpu-clock on every CPU"),
+    ("pyoffcpu/collect/session.py", "_add_target", "Session._add_target: find the target's CPython, register it"),
 ]
 
 
@@ -810,7 +810,7 @@ UNWIND_SAMPLE_S = 5.0
 UNWIND_HZ = 499
 TABLE_SNIPPET = r"""
 import json, sys, time
-from pyoffcpu.unwind import table as T
+from pyoffcpu.native.unwind import table as T
 c = T.TableCache(sys.argv[2])
 t0 = time.perf_counter()
 t = c.get(sys.argv[1], None)

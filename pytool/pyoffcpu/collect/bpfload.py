@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import cachedir
+from .. import cachedir
 
 FORMAT = 1
 MAGIC = b"pyoffcpu-bpf-cache\n"

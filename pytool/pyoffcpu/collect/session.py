@@ -24,15 +24,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import bpfdefs, symbols
+from . import bpfdefs
+from ..native import symbols
 from .bpfdefs import BPF_DIR, KIND_ONCPU, PYF_ENTRY, PYS_TRUNCATED  # noqa: F401 (re-exported)
-from .cpython import detect, walker
-from .unwind import loader as unwind_loader
-from .cpython.code import CodeInfo
+from ..cpython import detect, walker
+from ..native.unwind import loader as unwind_loader
+from ..cpython.code import CodeInfo
 from .platform import Platform, ProfilerError
-from .procfs import blocked_syscall, ns_id, proc_state, read_text, rss_kib
-from . import reasons
-from .targets import Select, Targets
+from ..targets.procfs import blocked_syscall, ns_id, proc_state, read_text, rss_kib
+from ..profile import reasons
+from ..targets.processes import Select, Targets
 
 DROP_NAMES = bpfdefs.drop_names()
 TH = bpfdefs.TH
@@ -526,7 +527,7 @@ class Session:
         """The function indexes of the files the new native stacks run
         through, built in the background (symbols.Symbolizer.prefetch), so
         that naming the profile's frames at the end does not wait for them."""
-        from . import symindex
+        from ..native import symindex
         symindex.poll_prefetches()
         if not self._new_ustacks:
             return

@@ -25,7 +25,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-from .procfs import blocked_syscall, children_by_parent, comm, proc_state, read_text, stat_fields
+from ..targets.procfs import blocked_syscall, children_by_parent, comm, proc_state, read_text, stat_fields
 
 SYS_FUTEX = 202
 STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible (disk)", "T": "stopped",
@@ -156,8 +156,8 @@ def futex_owner(mem, pid: int, addr: int, tids: List[int], gil: int = 0,
 
 def dump_process(pid: int, native: bool = False) -> ProcessDump:
     """Everything above for one process (raises OSError when it is gone)."""
-    from .cpython import detect, walker
-    from .memory import MemoryError_, ProcessMemory
+    from ..cpython import detect, walker
+    from ..targets.memory import MemoryError_, ProcessMemory
     if not os.path.isdir(f"/proc/{pid}"):
         raise FileNotFoundError(f"no such process: {pid}")
     out = ProcessDump(pid, comm(pid))
@@ -193,7 +193,7 @@ def dump_process(pid: int, native: bool = False) -> ProcessDump:
 
 def _gil(out: ProcessDump, mem, pp, states: Dict[int, int]) -> int:
     """Who holds the GIL into out; the GIL's address (0: none)."""
-    from .cpython import detect
+    from ..cpython import detect
     lay, why = detect.gil_layout(pp, mem)
     if lay is None:
         out.gil = why or "no GIL state"
@@ -236,10 +236,10 @@ class _Moment:
 
 
 def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: CpuClocks) -> _Moment:
-    from . import symbols
-    from .cpython.code import CodeReader
-    from .merge import Merger
-    from .session import Options, Recording
+    from ..native import symbols
+    from ..cpython.code import CodeReader
+    from ..profile.merge import Merger
+    from ..collect.session import Options, Recording
     rec = Recording(Options())
     if pp is not None:
         rec.pythons[pid] = pp
@@ -250,7 +250,7 @@ def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: CpuClocks)
         maps = symbols.parse_maps(read_text(f"/proc/{pid}/maps") or "")
         rec.spaces[pid] = symbols.AddressSpace(pid)
         rec.spaces[pid].add_snapshot(maps)
-        from .unwind.loader import NativeUnwinder
+        from ..native.unwind.loader import NativeUnwinder
         try:
             m.unwinder = NativeUnwinder(None, tables=True)
             m.unwinder.update(pid, maps)
@@ -260,9 +260,9 @@ def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: CpuClocks)
 
 
 def _thread(m: _Moment, tid: int) -> ThreadDump:
-    from .bpfdefs import PYS_TRUNCATED
-    from .reasons import syscall_name
-    from .session import NATIVE_ID_BASE, PyStack
+    from ..collect.bpfdefs import PYS_TRUNCATED
+    from ..profile.reasons import syscall_name
+    from ..collect.session import NATIVE_ID_BASE, PyStack
     pid = m.pid
     letter = _stat_state(pid, tid)
     t = ThreadDump(tid, comm(pid, tid), letter, STATES.get(letter, letter))

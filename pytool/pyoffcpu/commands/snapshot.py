@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .platform import ProfilerError
-from .procfs import cmdline, comm, read_text
+from ..collect.platform import ProfilerError
+from ..targets.procfs import cmdline, comm, read_text
 
 INDEX = "index.json"
 LOCK = ".lock"
@@ -151,7 +151,7 @@ class Candidate:
 def find_targets(opts: SnapshotOptions, errors: List[str]) -> List[Candidate]:
     """The processes to record: --pid ones (checked), else those --match and
     --gpu select among the Python processes (all of them without either)."""
-    from .cpython import detect
+    from ..cpython import detect
     me = os.getpid()
     nvml: Dict[int, List[dict]] = {}
     if opts.gpu:
@@ -236,7 +236,7 @@ def load_index(directory: str) -> dict:
 
 
 def save_index(directory: str, index: dict) -> None:
-    from .export import write_bytes_atomic
+    from ..export import write_bytes_atomic
     write_bytes_atomic(os.path.join(directory, INDEX),
                        (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
 
@@ -319,12 +319,12 @@ def run(opts: SnapshotOptions, errors: List[str]) -> int:
 
 def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, written: List[dict],
             errors: List[str]) -> int:
-    from . import platform as plat
-    from . import symbols
-    from .export import _encode, render, write_bytes_atomic
-    from .merge import build_profile
-    from .session import Options, Session
-    from .summary import top_functions
+    from ..collect import platform as plat
+    from ..native import symbols
+    from ..export import _encode, render, write_bytes_atomic
+    from ..profile.merge import build_profile
+    from ..collect.session import Options, Session
+    from ..profile.summary import top_functions
 
     session = Session(Options(pids=[t.pid for t in targets], duration=opts.duration,
                               frequency=opts.frequency, mode=opts.mode), plat.probe())

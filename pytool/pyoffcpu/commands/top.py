@@ -33,8 +33,8 @@ class Live:
     Each stack key is labelled once (a key stands for one stack)."""
 
     def __init__(self, rec, period_ns: int, multi: bool = False):
-        from . import symbols
-        from .merge import Merger
+        from ..native import symbols
+        from ..profile.merge import Merger
         self.rec = rec
         self.period_ns = period_ns
         self.merger = Merger(rec, symbols.Symbolizer())
@@ -46,8 +46,8 @@ class Live:
     def label(self, key: tuple) -> Tuple[str, Optional[str]]:
         got = self.labels.get(key)
         if got is None:
-            from .reasons import reason_of
-            from .summary import where_time_goes
+            from ..profile.reasons import reason_of
+            from ..profile.summary import where_time_goes
             tgid, tid, us, ks, ph, kind = key
             frames = self.merger.frames_for(tgid, us, ks, ph, 0)
             where = where_time_goes(frames)
@@ -61,7 +61,7 @@ class Live:
     def window(self) -> Window:
         """What the stacks gained since the last call (a thread that ended
         folds into its group: its keys move, their time does not)."""
-        from . import bpfdefs
+        from ..collect import bpfdefs
         now = time.monotonic()
         w = Window(seconds=now - self.prev_t)
         self.prev_t = now
@@ -88,7 +88,7 @@ class Live:
 
 
 def _state(pid: int, tid: int) -> str:
-    from .procfs import proc_state
+    from ..targets.procfs import proc_state
     return proc_state(f"/proc/{pid}/task/{tid}/stat") or "-"
 
 

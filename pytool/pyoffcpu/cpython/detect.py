@@ -23,11 +23,10 @@ import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import symbols
-from ..elffile import default_cache
-from ..elfsyms import defined_symbols
-from ..memory import MemoryError_, ProcessMemory
-from .. import libc
+from ..native import symbols
+from ..native.elffile import default_cache
+from ..targets.memory import MemoryError_, ProcessMemory
+from ..targets import libc
 from . import debug_offsets
 from .offsets_table import OFFSETS, OFFSETS_FROM_SOURCE
 
@@ -151,7 +150,7 @@ def _patch_from_rodata(path: str, minor: Tuple[int, int]) -> int:
 
 
 def _version_before_311(path: str) -> Optional[Tuple[int, int, int]]:
-    found = defined_symbols(path, [name for _, name in _API_SINCE])
+    found = default_cache().defined_symbols(path, [name for _, name in _API_SINCE])
     for minor, name in _API_SINCE:
         if name in found:
             return minor + (_patch_from_rodata(path, minor),)
@@ -176,9 +175,8 @@ def may_become_python(pid: int) -> bool:
     except OSError:
         return False
     real = proc_path(pid, exe)
-    if defined_symbols(real, ("_PyRuntime", "Py_GetVersion")):
+    if default_cache().defined_symbols(real, ("_PyRuntime", "Py_GetVersion")):
         return True
-    from ..elffile import default_cache
     return any("python" in n for n in default_cache().needed(real))
 
 
@@ -190,7 +188,7 @@ def find_python(pid: int, maps=None) -> PythonProcess:
     old = None
     for path in _candidates(pid, maps):
         real = proc_path(pid, path)
-        syms = defined_symbols(real, ("_PyRuntime", "Py_GetVersion"))
+        syms = default_cache().defined_symbols(real, ("_PyRuntime", "Py_GetVersion"))
         vaddr = syms.get("_PyRuntime")
         if vaddr is None:
             if old is None and "Py_GetVersion" in syms:
@@ -221,7 +219,7 @@ DEBUG_BUILD_SYMBOLS_313 = ("_Py_GetGlobalRefTotal",)
 
 
 def _describe(pid, maps, path, real, runtime) -> PythonProcess:
-    syms = defined_symbols(real, ("Py_Version", "PyCode_Type") + DEBUG_BUILD_SYMBOLS)
+    syms = default_cache().defined_symbols(real, ("Py_Version", "PyCode_Type") + DEBUG_BUILD_SYMBOLS)
     addrs = {name: _address(maps, path, real, syms[name])
              for name in ("Py_Version", "PyCode_Type") if name in syms}
     debug = [name for name in DEBUG_BUILD_SYMBOLS if name in syms]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from ..bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
-from ..bpfdefs import PYF_ENTRY
-from ..memory import MemoryError_, ProcessMemory
+from ..collect.bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
+from ..collect.bpfdefs import PYF_ENTRY
+from ..targets.memory import MemoryError_, ProcessMemory
 from .detect import PythonProcess
 
 MAX_THREADS = 4096

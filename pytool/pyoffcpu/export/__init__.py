@@ -14,8 +14,8 @@ import os
 import tempfile
 from typing import Optional, Tuple, Union
 
-from ..platform import ProfilerError
-from ..profile import Profile
+from ..collect.platform import ProfilerError
+from ..profile.model import Profile
 
 FORMATS = {"svg", "speedscope", "folded", "pprof"}
 

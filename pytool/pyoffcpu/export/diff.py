@@ -15,7 +15,7 @@ import gzip
 import os
 from typing import Dict, Iterator, List, Tuple
 
-from ..profile import FrameKind, Profile, from_folded
+from ..profile.model import FrameKind, Profile, from_folded
 from .svg import SEP, _Node, fmt_time, render_tree
 
 

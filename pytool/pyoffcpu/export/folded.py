@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ..profile import Profile
+from ..profile.model import Profile
 
 # A label must not break the line structure of the format.
 _LINE_BREAKS = str.maketrans({"\n": " ", "\r": " "})

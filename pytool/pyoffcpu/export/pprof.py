@@ -26,8 +26,8 @@ import gzip
 import os
 from typing import Dict, List, Tuple
 
-from ..profile import FrameKind, Profile, off_cpu_marker
-from ..unwind.ehframe import read_uleb    # a protobuf varint is an unsigned LEB128
+from ..profile.model import FrameKind, Profile, off_cpu_marker
+from ..native.unwind.ehframe import read_uleb    # a protobuf varint is an unsigned LEB128
 
 KERNEL_MAPPING = "[kernel.kallsyms]"
 
@@ -145,7 +145,7 @@ class _Builder:
 
 def profile_proto(profile: Profile, full_paths: bool = False) -> bytes:
     """The profile as an uncompressed profile.proto message."""
-    from ..profile import PathShortener
+    from ..profile.model import PathShortener
     b = _Builder()
     meta = profile.meta
     for name, unit in (("samples", "count"), ("cpu", "nanoseconds"), ("wall", "nanoseconds")):
@@ -270,7 +270,7 @@ def from_pprof(data: bytes) -> Profile:
     one under the kernel mapping a kernel frame), our labels back as
     processes and threads, an `[off-cpu: REASON]` leaf as the reason."""
     import re
-    from ..profile import TRUNCATED, StackKey, kernel_frame, native_frame, python_frame
+    from ..profile.model import TRUNCATED, StackKey, kernel_frame, native_frame, python_frame
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
     top = fields(data)

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Dict, List, Tuple
 
-from ..profile import FrameKind, Profile
+from ..profile.model import FrameKind, Profile
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 EXPORTER = "pyoffcpu"

@@ -21,7 +21,7 @@ import re
 import zlib
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..profile import FrameKind, Profile
+from ..profile.model import FrameKind, Profile
 
 WIDTH = 1200
 XPAD = 10

@@ -33,11 +33,7 @@ from . import demangle as _demangle
 from . import symindex
 
 # ELF symbol types, bindings and special section indices are elffile's.
-from .elffile import (  # noqa: F401  (STT_* and SHN_* re-exported)
-    ADDRESS_TYPES as _ADDRESS_TYPES, FUNC_TYPES as _FUNC_TYPES, SHN_ABS,
-    SHN_LORESERVE, SHN_UNDEF, STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC,
-    STT_GNU_IFUNC, STT_NOTYPE, STT_OBJECT, STT_TLS, ElfCache, ElfFile, LoadSegment,
-    default_cache, load_bias, segment_for_offset)
+from .elffile import ADDRESS_TYPES as _ADDRESS_TYPES, FUNC_TYPES as _FUNC_TYPES, SHN_ABS, SHN_LORESERVE, SHN_UNDEF, STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC, STT_GNU_IFUNC, STT_NOTYPE, STT_OBJECT, STT_TLS, ElfCache, ElfFile, LoadSegment, default_cache, load_bias, segment_for_offset
 
 __all__ = [
     "AddressSpace", "DEBUG_DIRS_ENV", "ElfSymbols", "KernelSymbols",

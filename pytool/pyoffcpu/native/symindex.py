@@ -43,7 +43,7 @@ import sys
 import time
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from . import cachedir
+from .. import cachedir
 from .unwind.ehframe import read_sleb, read_uleb
 
 __all__ = ["IdentifiedFile", "SymbolIndex", "build_bytes", "fde_ranges", "index_for",

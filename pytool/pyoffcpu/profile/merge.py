@@ -14,12 +14,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from . import profile as P
-from . import bpfdefs
-from .bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
+from . import model as P
+from ..collect import bpfdefs
+from ..collect.bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
 from . import reasons
-from .session import NO_STACK, UNSAMPLED, Recording
-from .symbols import JIT_FRAME
+from ..collect.session import NO_STACK, UNSAMPLED, Recording
+from ..native.symbols import JIT_FRAME
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
 OWNER_GENERATOR = 1

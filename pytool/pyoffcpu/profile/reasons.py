@@ -18,8 +18,8 @@ import os
 import re
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
-from . import bpfdefs
-from .profile import Frame, FrameKind
+from ..collect import bpfdefs
+from .model import Frame, FrameKind
 
 REASONS = ("runqueue", "sleep", "lock", "gil", "omp", "io", "poll", "disk", "page-fault", "gpu", "other")
 
@@ -177,7 +177,7 @@ def spin_code(code: bytes, address: int) -> bool:
     an OpenMP runtime only its waits do (libgomp's do_spin, libomp's
     __kmp_wait_template and the yields after): the CPU time there is a
     thread waiting for work or at a barrier, not work."""
-    from .unwind import prologue
+    from ..native.unwind import prologue
     md = prologue._capstone()
     if md is None or len(code) > prologue.MAX_FUNCTION_BYTES:
         return False

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from typing import Dict, List, Optional, Tuple
 
-from .profile import Frame, FrameKind, PathShortener, Profile
+from .model import Frame, FrameKind, PathShortener, Profile
 
 
 def fmt_s(ns: int) -> str:

@@ -22,8 +22,8 @@ import struct
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from . import symbols
-from .elfsyms import defined_symbols
+from ..native import symbols
+from ..native.elffile import default_cache
 from .memory import MemoryError_
 
 KEY_BLOCK = 32                  # PTHREAD_KEY_2NDLEVEL_SIZE: keys in specific_1stblock
@@ -69,7 +69,7 @@ def thread_layout(pid: int, maps, mem) -> Tuple[ThreadLayout, List[str]]:
     if found is None:
         return GLIBC_236, [f"no libc mapped: assuming {GLIBC_236.source}"]
     path, real = found
-    syms = defined_symbols(real, DESCRIPTORS)
+    syms = default_cache().defined_symbols(real, DESCRIPTORS)
     if len(syms) < len(DESCRIPTORS):
         return GLIBC_236, [f"{path} has no glibc thread descriptors: assuming {GLIBC_236.source}"]
     vals = {}

@@ -31,9 +31,10 @@ import struct
 import time
 from typing import Callable, Dict, Iterator, List, Optional
 
-from . import bpfdefs, symbols
-from .cpython import detect
-from .cpython.code import CodeReader
+from ..collect import bpfdefs
+from ..native import symbols
+from ..cpython import detect
+from ..cpython.code import CodeReader
 from .memory import MemoryError_, ProcessMemory
 from .procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, stat_fields
 
@@ -305,7 +306,7 @@ class Targets:
         """Every thread of the targets gets its entry in `threads` before the
         start (BPF keeps their exact times); sched_process_fork adds the ones
         started from now on.  Entries BPF made already are kept."""
-        from .bpfload import BPF_NOEXIST, update_elem
+        from ..collect.bpfload import BPF_NOEXIST, update_elem
         table = self.bpf["threads"]
         for tgt in self:
             try:
@@ -383,7 +384,7 @@ class Targets:
         exact either way."""
         if self._life is None:
             import mmap
-            from .bpfload import lookup_elem
+            from ..collect.bpfload import lookup_elem
             total, log = self.bpf["life_total"], self.bpf["life_log"]
             size = -(-log.max_entries * ctypes.sizeof(log.Leaf) // mmap.PAGESIZE) * mmap.PAGESIZE
             self._life = (lookup_elem, total.map_fd, total.Key(0), total.Leaf(),

@@ -1,5 +1,5 @@
 /* pyoffcpu-elf: the heavy work on a target's ELF files, compiled, in a
- * process of its own (pytool/pyoffcpu/helper/__init__.py runs it): its
+ * process of its own (pytool/pyoffcpu/native/helper/__init__.py runs it): its
  * memory leaves with it, and a file built to make it loop or grow is
  * stopped by the limits its caller sets, not by pyoffcpu.
  *

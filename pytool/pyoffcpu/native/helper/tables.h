@@ -1,5 +1,5 @@
 /* The `table` command's parts (tables.c, tables_elf.c, ehframe.c,
- * prologue.c): the unwind table of pytool/pyoffcpu/unwind/table.py,
+ * prologue.c): the unwind table of pytool/pyoffcpu/native/unwind/table.py,
  * byte for byte.  The Python is the reference; these files follow its
  * functions one by one, and say where they do what its libraries
  * (pyelftools, struct, the capstone binding, int()) do for it.
@@ -19,8 +19,8 @@
 
 /* The row kinds and limits: bpf/unwind_defs.h, included (the one source
  * bpfdefs.py reads too; it needs struct stack_key from bpf/pyoffcpu.h). */
-#include "../../../bpf/pyoffcpu.h"
-#include "../../../bpf/unwind_defs.h"
+#include "../../../../bpf/pyoffcpu.h"
+#include "../../../../bpf/unwind_defs.h"
 
 /* The functions of these files have names of their own at link time
  * (symbols.c and others are linked into the same program). */

@@ -34,10 +34,10 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from .. import bpfdefs, symbols
+from ...collect import bpfdefs
+from .. import symbols
 from ..elffile import ElfCache, default_cache, load_bias
-from ..bpfdefs import (MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER,  # noqa: F401
-                       NST_INCOMPLETE, NST_PENDING, NST_TRUNCATED, NST_UNMAPPED, UNWIND_FILE_PENDING)
+from ...collect.bpfdefs import MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PENDING, NST_TRUNCATED, NST_UNMAPPED, UNWIND_FILE_PENDING
 from . import build as B
 from . import table as T
 from . import walk
@@ -56,7 +56,7 @@ def cflags(btf_path: Optional[str] = None) -> List[str]:
     off = ["-DNATIVE_UNWIND=0"]
     if not enabled():
         return off
-    from ..btf import VMLINUX_BTF, BtfError, member_offsets
+    from ...collect.btf import VMLINUX_BTF, BtfError, member_offsets
     fields = ("ip", "sp", "bp", "bx", "cs")
     try:
         offs = dict(zip(fields, member_offsets(btf_path or VMLINUX_BTF,
@@ -75,7 +75,7 @@ def tables_on(flags: List[str]) -> bool:
 def program_specs(perf: bool = True, switch: bool = True, wake: bool = False) -> List[Tuple[str, int]]:
     """(function, BPF program type) of the finishing programs load_programs
     loads (the session has them loaded with the main programs, in parallel)."""
-    from ..bpfload import PERF_EVENT, RAW_TRACEPOINT
+    from ...collect.bpfload import PERF_EVENT, RAW_TRACEPOINT
     # tail calls stay within one program type: sched_switch and sched_waking
     # are raw tracepoints
     return ([("unwind_perf", PERF_EVENT)] if perf else []) + (
@@ -243,7 +243,7 @@ class NativeUnwinder:
 
     def _array_of(self, t: T.UnwindTable, loaded: _Loaded) -> int:
         """A new BPF array holding the table (page index, rows); its fd."""
-        from ..bpfload import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
+        from ...collect.bpfload import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
         index = array.array("I", bytes(8 * (t.npages + 1)))
         index[0::2] = t.pages
         head = index.tobytes()
@@ -264,7 +264,7 @@ class NativeUnwinder:
     def _load_many(self, items: List[Tuple[tuple, Optional[T.UnwindTable]]]) -> None:
         """Tables into the kernel, their slots set in one batched update
         (one wait for the programs, not one per slot)."""
-        from ..bpfload import update_batch
+        from ...collect.bpfload import update_batch
         staged = []                     # (key, loaded, fd)
         for key, t in items:
             name = self._names.get(key, "?")

@@ -52,7 +52,7 @@ import bisect
 import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from .. import bpfdefs
+from ...collect import bpfdefs
 
 UR_DERIVED = bpfdefs.value("UR_DERIVED")
 UR_RSP, UR_RBP, UR_RBX, UR_INVALID = (bpfdefs.value(n) for n in ("UR_RSP", "UR_RBP", "UR_RBX", "UR_INVALID"))

@@ -27,7 +27,8 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Tuple
 
-from .. import bpfdefs, cachedir
+from ...collect import bpfdefs
+from ... import cachedir
 from . import ehframe as E
 
 # the row kinds and limits BPF reads them with (bpf/unwind_defs.h)
@@ -352,7 +353,7 @@ def build_command() -> Tuple[List[str], Optional[List[str]]]:
     args = ["table"] + ([] if prologue.enabled() else ["--no-prologue"])
     if helper.available():
         return args, None
-    return args, [sys.executable, "-m", "pyoffcpu.unwind.table"]
+    return args, [sys.executable, "-m", "pyoffcpu.native.unwind.table"]
 
 
 def build_now(path: str) -> UnwindTable:
@@ -513,7 +514,7 @@ class TableCache:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """`python -m pyoffcpu.unwind.table table [--no-prologue] [--into PATH] <ELF`:
+    """`python -m pyoffcpu.native.unwind.table table [--no-prologue] [--into PATH] <ELF`:
     the compiled helper's `table` command in Python, where it was not
     built: the serialized table to standard output, or written to PATH
     (beside it first, then renamed: a reader never sees half a table)."""
@@ -524,7 +525,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if len(argv) >= 3 and argv[-2] == "--into":
         into, argv = argv[-1], argv[:-2]
     if not argv or argv[0] != "table" or any(a != "--no-prologue" for a in argv[1:]):
-        print("usage: python -m pyoffcpu.unwind.table table [--no-prologue] [--into PATH] <ELF",
+        print("usage: python -m pyoffcpu.native.unwind.table table [--no-prologue] [--into PATH] <ELF",
               file=sys.stderr)
         return 2
     if "--no-prologue" in argv:
@@ -534,12 +535,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(sys.stdin.fileno(), "rb", closefd=False) as f:
             data = serialize(table_from_elf(f, path))
     except Exception as e:          # noqa: BLE001 - one line, exit 1, as the helper does
-        print(f"pyoffcpu.unwind.table: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"pyoffcpu.native.unwind.table: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     if into is None:
         sys.stdout.buffer.write(data)
     elif not cachedir.write_private(into, data):
-        print(f"pyoffcpu.unwind.table: cannot write {into}", file=sys.stderr)
+        print(f"pyoffcpu.native.unwind.table: cannot write {into}", file=sys.stderr)
         return 1
     return 0
 
