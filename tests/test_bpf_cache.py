@@ -59,8 +59,8 @@ def compiles(monkeypatch):
 def compiled(p, **opts):
     """An in-process session of this process with its programs loaded (not
     attached), cleaned up after."""
-    from pyoffcpu.collect import session
-    s = session.Session(session.Options(pids=[os.getpid()], **opts), p)
+    from pyoffcpu.collect import recording, session
+    s = session.Session(recording.Options(pids=[os.getpid()], **opts), p)
     s._compile()
     try:
         yield s
@@ -207,10 +207,10 @@ def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sour
             return s.bpf.from_cache
     assert start() is False and len(compiles) == 1
     assert start() is True and len(compiles) == 1
-    source = session._bpf_source
-    monkeypatch.setattr(session, "_bpf_source", lambda path: source(path) + "\n/* changed */\n")
+    source = session.bpf_source
+    monkeypatch.setattr(session, "bpf_source", lambda path: source(path) + "\n/* changed */\n")
     assert start() is False and len(compiles) == 2
-    monkeypatch.setattr(session, "_bpf_source", source)
+    monkeypatch.setattr(session, "bpf_source", source)
     assert start() is True and len(compiles) == 2
     assert start(frequency=97) is False and len(compiles) == 3     # -DSAMPLE_PERIOD_NS
     assert start(kernel=True) is False and len(compiles) == 4       # -DKERNEL_STACKS
@@ -333,8 +333,8 @@ def test_header_structs_are_the_ones_bpf_was_compiled_with(entry, bpf):
 def test_a_start_from_the_cache_maps_no_llvm(recordings):
     code = """
 import os, sys
-from pyoffcpu.collect import platform as plat, session
-s = session.Session(session.Options(pids=[os.getpid()]), plat.probe())
+from pyoffcpu.collect import platform as plat, recording, session
+s = session.Session(recording.Options(pids=[os.getpid()]), plat.probe())
 s._compile()
 s._attach()
 maps = open("/proc/self/maps").read()
@@ -352,7 +352,7 @@ def test_a_finishing_program_the_verifier_refuses_is_not_fatal(recordings, tmp_p
     """The unwinder's programs are verified with the main ones, at once; one
     that fails leaves frame-pointer stacks and a notice, as before."""
     from pyoffcpu.collect import platform as plat
-    from pyoffcpu.collect import session
+    from pyoffcpu.collect import recording, session
     shutil.copytree(recordings["cache"], tmp_path / "cache")
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path / "cache"))
     real = bpfload._prog_load
@@ -362,7 +362,7 @@ def test_a_finishing_program_the_verifier_refuses_is_not_fatal(recordings, tmp_p
             raise OSError(13, "Permission denied")
         return real(ptype, insns, license, kv, name, *a, **kw)
     monkeypatch.setattr(bpfload, "_prog_load", refuse)
-    s = session.Session(session.Options(pids=[os.getpid()]), plat.probe())
+    s = session.Session(recording.Options(pids=[os.getpid()]), plat.probe())
     s._compile()
     try:
         assert s.bpf.from_cache

@@ -27,7 +27,7 @@ from pyoffcpu.cpython.code import CodeReader
 from pyoffcpu.cpython.offsets_table import OFFSETS_FROM_SOURCE
 from pyoffcpu.targets.memory import MemoryError_
 from pyoffcpu.profile.merge import Merger
-from pyoffcpu.collect.session import Options, PyStack, Recording
+from pyoffcpu.collect.recording import Options, PyStack, Recording
 
 # -- the reference, transcribed ---------------------------------------------------
 # cpython-frames.md section 3: positions inside the 3.14 _Py_DebugOffsets (760 bytes).

@@ -6,7 +6,8 @@ import pytest
 
 from pyoffcpu.cpython.code import CodeInfo
 from pyoffcpu.profile.merge import Merger
-from pyoffcpu.collect.session import PYF_ENTRY, PYS_TRUNCATED, Options, PyStack, Recording
+from pyoffcpu.collect.bpfdefs import PYF_ENTRY, PYS_TRUNCATED
+from pyoffcpu.collect.recording import Options, PyStack, Recording
 
 PID = 99
 # lnotab (<= 3.9): (addr_incr, line_incr) pairs; line 10 from byte 0, 11 from byte 4

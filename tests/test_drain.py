@@ -9,7 +9,9 @@ import struct
 
 import pytest
 
-from pyoffcpu.collect import session
+from pyoffcpu.collect import maps, session
+from pyoffcpu.collect.accounting import ThreadAccounts
+from pyoffcpu.collect.recording import Options, PyStack, Recording, ThreadTimes
 
 
 class Key(ctypes.Structure):
@@ -76,11 +78,16 @@ def expected(items, gen=None):
 
 
 class Drainer(session.Session):
+    """A session's drain over a stand-in map, without BPF."""
+
     def __init__(self, agg):
         self.bpf = {"agg": agg}
         self.unwinder = None
         self._gen = 0
         self.controls = []
+        self.rec = Recording(Options())
+        self.accounts = ThreadAccounts(self.rec, lambda ns: False)
+        self.native_ids = {}
 
     def _write_control(self, **fields):
         self.controls.append(fields)
@@ -92,23 +99,23 @@ def no_grace(monkeypatch):
 
 
 def test_the_format_unpacks_the_layout_and_refuses_any_other():
-    assert session._unpack_format(Key, session.AGG_KEY_FIELDS) == "<IIiiQIIQ"
-    assert session._unpack_format(Leaf, session.AGG_VALUE_FIELDS) == "<QQ"
+    assert maps.unpack_format(Key, maps.AGG_KEY_FIELDS) == "<IIiiQIIQ"
+    assert maps.unpack_format(Leaf, maps.AGG_VALUE_FIELDS) == "<QQ"
     raw = bytes(entries(1)[0][0])
-    assert struct.unpack(session._unpack_format(Key, session.AGG_KEY_FIELDS), raw) == \
+    assert struct.unpack(maps.unpack_format(Key, maps.AGG_KEY_FIELDS), raw) == \
         (100, 200, 0, -1, 1 << 63, 0, 0, 0)
 
     class Padded(ctypes.Structure):
         _fields_ = [("count", ctypes.c_uint8), ("ns", ctypes.c_ulonglong)]
-    assert session._unpack_format(Padded, session.AGG_VALUE_FIELDS) == "<B" + "x" * 7 + "Q"
+    assert maps.unpack_format(Padded, maps.AGG_VALUE_FIELDS) == "<B" + "x" * 7 + "Q"
 
     class Renamed(ctypes.Structure):
         _fields_ = [("n", ctypes.c_ulonglong), ("ns", ctypes.c_ulonglong)]
 
     class Chars(ctypes.Structure):
         _fields_ = [("count", ctypes.c_char * 8), ("ns", ctypes.c_ulonglong)]
-    assert session._unpack_format(Renamed, session.AGG_VALUE_FIELDS) is None
-    assert session._unpack_format(Chars, session.AGG_VALUE_FIELDS) is None
+    assert maps.unpack_format(Renamed, maps.AGG_VALUE_FIELDS) is None
+    assert maps.unpack_format(Chars, maps.AGG_VALUE_FIELDS) is None
 
 
 @pytest.mark.parametrize("batch", [True, False], ids=["batches", "one-by-one"])
@@ -142,17 +149,15 @@ def test_a_threads_entry_skips_threading_and_the_312_entry_shim():
     def info(name, filename):
         return CodeInfo(name, filename, 1, b"", 0)
     d = Drainer(FakeAgg([]))
-    d._entries = {}
-    d.rec = session.Recording(session.Options())
     # innermost first, as BPF sends them
     frames = [(1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0)]
     infos = [info("handle", "/srv/app.py"), info("Thread.run", "/usr/lib/python3.12/threading.py"),
              info("Thread._bootstrap", "/usr/lib/python3.12/threading.py"),
              info("<interpreter trampoline>", "<shim>")]
-    d.rec.pystacks[7] = session.PyStack(1, 0, frames, infos)
-    assert d._stack_entry(7) == "handle (app.py)"
-    d.rec.pystacks[8] = session.PyStack(1, 0, frames[3:], infos[3:])
-    assert d._stack_entry(8) is None
+    d.rec.pystacks[7] = PyStack(1, 0, frames, infos)
+    assert d.accounts.stack_entry(7) == "handle (app.py)"
+    d.rec.pystacks[8] = PyStack(1, 0, frames[3:], infos[3:])
+    assert d.accounts.stack_entry(8) is None
 
 
 def test_an_ended_threads_wakers_fold_with_its_waits():
@@ -162,13 +167,10 @@ def test_an_ended_threads_wakers_fold_with_its_waits():
     from pyoffcpu.collect import bpfdefs
     from pyoffcpu.profile.merge import build_profile
     d = Drainer(FakeAgg([]))
-    d._entries, d._groups = {}, {}
-    d._tid_keys, d._tid_wakes = {}, {}
-    d.rec = session.Recording(session.Options())
     pid, tid, waker_tid = 10, 11, 12
-    d.rec.threads[tid] = session.ThreadTimes(pid, tid, "worker", exited=True, last_ns=5)
+    d.rec.threads[tid] = ThreadTimes(pid, tid, "worker", exited=True, last_ns=5)
     wait = (pid, tid, -1, -1, 0, bpfdefs.KIND_SLEEP)
-    d._add(wait, 4, 1000)
+    d.accounts.add(wait, 4, 1000)
     task = (bpfdefs.value("WAKER_TASK"), pid, waker_tid, -1, -1, 0, "producer")
     timer = (bpfdefs.value("WAKER_TIMER"), 0, 0, -1, -1, 0, "")
     for waker, ns in ((task, 600), (timer, 300)):
@@ -178,8 +180,8 @@ def test_an_ended_threads_wakers_fold_with_its_waits():
                      "waker_kstack": -1, "waker_pystack": 0, "waker_nstack": 0,
                      "waker_comm0": int.from_bytes(waker[6].encode().ljust(8, b"\0")[:8], "little"),
                      "waker_comm1": 0}, 2 if waker is task else 1, ns)
-    d._fold(tid)
-    gid = next(iter(d._groups.values()))
+    d.accounts.fold(tid)
+    gid = next(iter(d.accounts.groups.values()))
     assert gid < 0 and all(w[0][1] == gid for w in d.rec.wakes), d.rec.wakes
     prof, _ = build_profile(d.rec, symbolizer=None)
     chains = {tuple(f.name for f in k.waker): ns for k, ns in prof.weights.items()}

@@ -5,7 +5,7 @@ from pyoffcpu.collect import bpfdefs
 from pyoffcpu.cpython.code import CodeInfo
 from pyoffcpu.profile.merge import build_profile
 from pyoffcpu.profile.model import GIL_NOT_HELD
-from pyoffcpu.collect.session import Options, PyStack, Recording
+from pyoffcpu.collect.recording import Options, PyStack, Recording
 
 PID = 300
 LOCATIONS = bytes([0x80 | (13 << 3), 0x00])     # 3.11+: unit 0, line 10

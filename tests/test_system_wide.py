@@ -252,7 +252,8 @@ def test_unwind_rows_are_shared_by_the_processes_of_one_interpreter(bpf):
     # 100 processes of one interpreter and libc take the rows of one (<= 1.5x
     # allowed by the issue; a script of each own adds no executable mapping)
     from pyoffcpu.collect import platform as plat
-    from pyoffcpu.collect.session import Options, Session
+    from pyoffcpu.collect.recording import Options
+    from pyoffcpu.collect.session import Session
     py = python_or_skip("pyenv-3.12")
 
     def rows_for(n):

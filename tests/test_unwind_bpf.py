@@ -163,7 +163,8 @@ def test_native_stacks_match_the_python_stacks(label, bpf):
     from pyoffcpu.collect import bpfdefs, platform as plat
     from pyoffcpu.native import symbols
     from pyoffcpu.profile.merge import Merger
-    from pyoffcpu.collect.session import Options, Session
+    from pyoffcpu.collect.recording import Options
+    from pyoffcpu.collect.session import Session
     python = python_or_skip(label)
     w = Workload(python, "split.py", DURATION + 60)
     try:

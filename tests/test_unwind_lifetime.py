@@ -133,7 +133,8 @@ def test_tables_of_an_exited_process_are_freed_and_the_others_kept(bpf):
     one maps stay, libc among them.  (The tables are made while the
     recording runs: the 3.9 one exits once none is waiting.)"""
     from pyoffcpu.collect import platform as plat
-    from pyoffcpu.collect.session import Options, Session
+    from pyoffcpu.collect.recording import Options
+    from pyoffcpu.collect.session import Session
     py39, py312 = python_or_skip("pyenv-3.9"), python_or_skip("pyenv-3.12")
     loop = "import time\nwhile True: time.sleep(0.01)"
     a = subprocess.Popen([py39, "-c", loop])

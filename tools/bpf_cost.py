@@ -136,7 +136,8 @@ class Phase:
 
     def run(self):
         from pyoffcpu.collect import bpfdefs, platform as plat
-        from pyoffcpu.collect.session import Options, Session
+        from pyoffcpu.collect.recording import Options
+        from pyoffcpu.collect.session import Session
         a = self.args
         argv = self.argv or [a.python, os.path.join(WORKLOADS, "deep_stacks.py"), self.so, self.mode,
                              str(a.seconds + 8), str(a.py_depth), str(a.native_depth)]

@@ -26,7 +26,8 @@ def main() -> int:
         sys.exit("bpf_insns: run as root")
     from pyoffcpu.collect import bpfload
     from pyoffcpu.collect import platform as plat
-    from pyoffcpu.collect.session import Options, Session
+    from pyoffcpu.collect.recording import Options
+    from pyoffcpu.collect.session import Session
 
     load = bpfload.load
     bpfload.load = lambda *a, **kw: load(*a, **dict(kw, log_level=LOG_STATS))

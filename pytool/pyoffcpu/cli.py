@@ -172,7 +172,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
         except OSError as e:
             fail(f"cannot write to the current directory: {e.strerror or e}", "give -o PATH")
 
-    from .collect.session import Options, tables_first_env
+    from .collect.recording import Options, tables_first_env
     opts = Options(pids=list(pids), command=list(command), duration=duration,
                    frequency=frequency, mode=mode, kernel=kernel, fold_threads=not keep_tids,
                    system_wide=all_, match=match, uid=uid, python_only=python_only,
@@ -376,7 +376,8 @@ def top(pids, all_, mode, frequency, once):
     """A live view: functions by on-CPU, off-CPU or wall time, threads' states."""
     from .collect import platform as plat
     from .commands import top as T
-    from .collect.session import Options, Session
+    from .collect.recording import Options
+    from .collect.session import Session
     if bool(pids) == bool(all_):
         raise click.UsageError("give -p PID or -a")
     mode = mode or ("cpu" if all_ else "wall")

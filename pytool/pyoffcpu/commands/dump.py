@@ -239,7 +239,7 @@ def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: CpuClocks)
     from ..native import symbols
     from ..cpython.code import CodeReader
     from ..profile.merge import Merger
-    from ..collect.session import Options, Recording
+    from ..collect.recording import Options, Recording
     rec = Recording(Options())
     if pp is not None:
         rec.pythons[pid] = pp
@@ -262,7 +262,7 @@ def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: CpuClocks)
 def _thread(m: _Moment, tid: int) -> ThreadDump:
     from ..collect.bpfdefs import PYS_TRUNCATED
     from ..profile.reasons import syscall_name
-    from ..collect.session import NATIVE_ID_BASE, PyStack
+    from ..collect.recording import NATIVE_ID_BASE, PyStack
     pid = m.pid
     letter = _stat_state(pid, tid)
     t = ThreadDump(tid, comm(pid, tid), letter, STATES.get(letter, letter))

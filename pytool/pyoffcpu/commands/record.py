@@ -2,7 +2,7 @@
 
 collect (the session's loop) -> profile (merge: native and Python frames,
 reasons) -> export (the file) -> the summary on stderr.  cli.py parses the
-options into a session.Options and calls record(); Ctrl-C and SIGTERM end
+options into a recording.Options and calls record(); Ctrl-C and SIGTERM end
 the recording normally, and the profile is written either way."""
 from __future__ import annotations
 

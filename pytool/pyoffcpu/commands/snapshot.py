@@ -323,7 +323,8 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
     from ..native import symbols
     from ..export import _encode, render, write_bytes_atomic
     from ..profile.merge import build_profile
-    from ..collect.session import Options, Session
+    from ..collect.recording import Options
+    from ..collect.session import Session
     from ..profile.summary import top_functions
 
     session = Session(Options(pids=[t.pid for t in targets], duration=opts.duration,

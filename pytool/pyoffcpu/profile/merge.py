@@ -18,7 +18,7 @@ from . import model as P
 from ..collect import bpfdefs
 from ..collect.bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
 from . import reasons
-from ..collect.session import NO_STACK, UNSAMPLED, Recording
+from ..collect.recording import NO_STACK, UNSAMPLED, Recording
 from ..native.symbols import JIT_FRAME
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
@@ -269,7 +269,7 @@ class Merger:
                 nf = UNMAPPED_PC        # the sampled PC itself: keep it visible
             if nf is not None:
                 native.append(nf)
-        # Stacks walked from .eh_frame tables (session.NATIVE_ID_BASE) are right
+        # Stacks walked from .eh_frame tables (recording.NATIVE_ID_BASE) are right
         # as far as they go; frame-pointer stacks through code built without
         # frame pointers are not.
         nflags = getattr(self.rec, "native_flags", {}).get(ustack)
@@ -305,6 +305,11 @@ class Merger:
             root_first.insert(0, P.PYTHON_LOST)
         if kstack >= 0:
             root_first.extend(reversed(self.kernel_frames(kstack)))
+        if not root_first:
+            # no frame at all (a user stack BPF could not take, in a process
+            # not known to be Python yet): the time stays, marked as such,
+            # the same in every format (pprof has no sample without a frame)
+            return (P.NO_STACK,)
         return tuple(root_first)
 
     def _stopped_in(self, tgid: int, ustack: int) -> str:

@@ -1,0 +1,211 @@
+"""Each thread's exact times, from the records BPF keeps per thread (the
+threads map) and the aggregated stacks of a recording.
+
+In wall mode every switch of a target thread is seen: its on-CPU time is
+exact, from its switch timestamps, and its sampled on-CPU stacks are scaled
+to add up to it (scale_on_cpu).  A thread there at the start gets the time
+before its first switch-in with the stacks read then (add_initial, from
+preexisting.py).  A thread that ended folds into one group per process and
+entry function (fold), which keeps memory bounded by live threads however
+many threads a server starts.
+
+ThreadAccounts works on plain values: a thread record is anything with the
+fields of bpf/pyoffcpu.h's struct thread_t (tgid, comm, on_ns, flags, ts,
+first_ts, last_ts, unseen_ns), so it runs on recorded batches without BPF
+(tests/test_thread_accounts.py)."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, List, Optional, Tuple
+
+from . import bpfdefs
+from .bpfdefs import KIND_ONCPU
+from .recording import NO_STACK, UNSAMPLED, Recording, ThreadTimes, accumulate
+from ..targets.procfs import ns_id
+
+TH = bpfdefs.TH
+
+
+class ThreadAccounts:
+    """The per-thread bookkeeping of one recording (see the module's doc)."""
+
+    def __init__(self, rec: Recording, left_out: Callable[[int], bool]):
+        """left_out(ns): is a wait this long left out (--min/--max-block-us)?"""
+        self.rec = rec
+        self.opts = rec.options
+        self.left_out = left_out
+        self.start_ns = 0               # the recording's window (monotonic ns)
+        self.end_ns = 0
+        self.tid_keys: Dict[int, List[tuple]] = {}     # live tid -> its keys in rec.stacks
+        self.tid_wakes: Dict[int, List[tuple]] = {}    # ... and in rec.wakes
+        self.groups: Dict[Tuple[int, str], int] = {}   # (pid, entry) -> group id (< 0)
+        self._entry_of: Dict[int, Optional[str]] = {}  # Python stack hash -> its entry (stack_entry)
+        # tid -> (pid, Python stack hash, kind, native stack id) of the
+        # threads there at the start, blocked (preexisting.py fills it)
+        self.initial: Dict[int, Tuple[int, int, int, int]] = {}
+        self.filtered = [0, 0]          # waits left out here by length: [how many, ns]
+
+    def add(self, key, count: int, ns: int):
+        if key not in self.rec.stacks and key[1] >= 0:
+            self.tid_keys.setdefault(key[1], []).append(key)
+        accumulate(self.rec.stacks, key, count, ns)
+
+    def thread_times(self, tid: int, th) -> ThreadTimes:
+        t = self.rec.threads.get(tid)
+        name = bytes(th.comm).split(b"\0", 1)[0].decode("utf-8", "replace")
+        if t is None:
+            t = self.rec.threads[tid] = ThreadTimes(th.tgid, tid, name)
+            if th.tgid in self.rec.ns_ids:      # a container's thread: its own id too
+                inner = ns_id(f"/proc/{th.tgid}/task/{tid}/status", tid)
+                if inner:
+                    self.rec.ns_ids[tid] = inner
+        elif name:
+            t.name = name
+        t.on_ns = th.on_ns
+        t.exited = bool(th.flags & TH["EXITED"])
+        return t
+
+    def close_thread(self, tid: int, th):
+        """A thread's last facts: its lifetime in the window, the on-CPU span
+        still open at the end, and the time before its first switch when it
+        was there at the start."""
+        t = self.rec.threads[tid]
+        start, end = self.start_ns, self.end_ns
+        flags = th.flags
+        born = flags & TH["BORN"]
+        t.last_ns = (th.last_ts if flags & TH["EXITED"] else end) - start
+        t.first_ns = (th.first_ts - start if th.first_ts else t.last_ns) if born else 0
+        if flags & TH["ON"] and not flags & TH["EXITED"]:
+            t.on_ns = th.on_ns + (end - th.ts)
+        if th.unseen_ns:
+            # off-CPU after a switch-out BPF missed: the time is known, its stack not
+            self.add((t.pid, tid, NO_STACK, -1, 0, bpfdefs.KIND_OTHER), 1, th.unseen_ns)
+        if born or self.opts.mode == "cpu":
+            return
+        if not th.first_ts:
+            # No switch in the whole window: running all along, or blocked
+            # all along.  Only a running thread gets samples; without them
+            # (--mode off) its state at the start tells.
+            initial = self.initial.get(tid)
+            if self.samples_of(tid) or (self.opts.mode == "off" and initial is not None
+                                         and initial[2] == bpfdefs.KIND_RUNQUEUE):
+                t.on_ns = end - start
+                return
+            self.add_initial(tid, t.pid, end - start)
+        elif flags & TH["FIRST_IN"]:
+            self.add_initial(tid, t.pid, th.first_ts - start)
+
+    def add_initial(self, tid: int, pid: int, ns: int):
+        """Time a thread there at the start spent blocked before its first
+        switch-in, with the stacks read at the start."""
+        if ns <= 0:
+            return
+        if self.left_out(ns):         # judged by the part inside the recording
+            self.filtered[0] += 1
+            self.filtered[1] += ns
+            return
+        pid0, pyhash, kind, ustack = self.initial.get(tid, (pid, 0, bpfdefs.KIND_OTHER, NO_STACK))
+        self.add((pid0, tid, ustack, -1, pyhash, kind), 1, ns)
+
+    def samples_of(self, tid: int) -> int:
+        return sum(self.rec.stacks[k][0] for k in self.tid_keys.get(tid, ())
+                   if bpfdefs.on_cpu(k[5]))
+
+    def stack_entry(self, pyhash: int) -> Optional[str]:
+        """A Python stack's outermost frame that is not threading's own, as
+        `name (file)`; None when there is none or a frame is not known yet.
+        Remembered for a stack whose frames were all read with it (they never
+        change); a server that starts a thread per request asks for the same
+        few stacks thousands of times a second."""
+        got = self._entry_of.get(pyhash, False)
+        if got is not False:
+            return got
+        st = self.rec.pystacks.get(pyhash)
+        if st is None:
+            return None
+        infos = st.infos or [self.rec.code.get((st.tgid, c)) for c, _, _ in st.frames]
+        entry = None
+        for info in reversed(infos):
+            if info is None:
+                break
+            # threading's own frames, and 3.12+'s entry shim (`<interpreter
+            # trampoline>` in `<shim>`), are not where a thread started
+            if not info.filename.endswith("threading.py") and info.filename != "<shim>":
+                entry = f"{info.name} ({os.path.basename(info.filename)})"
+                break
+        if st.infos:
+            self._entry_of[pyhash] = entry
+        return entry
+
+    def fold(self, tid: int):
+        """Fold an ended thread into the group of its process and entry function."""
+        t = self.rec.threads.pop(tid)
+        keys = self.tid_keys.pop(tid, ())
+        stacks = self.rec.stacks
+        moved = [(key, stacks.pop(key)) for key in keys]
+        # its entry: that of its heaviest Python stack that has one
+        entry, best_ns = "", -1
+        for key, (_, ns) in moved:
+            if key[4] and ns > best_ns:
+                e = self.stack_entry(key[4])
+                if e is not None:
+                    entry, best_ns = e, ns
+        gkey = (t.pid, entry or t.name)
+        gid = self.groups.get(gkey)
+        if gid is None:
+            gid = self.groups[gkey] = -(len(self.groups) + 1)
+            self.rec.threads[gid] = ThreadTimes(t.pid, gid, t.name, first_ns=t.first_ns,
+                                                last_ns=t.last_ns, exited=True, threads=0,
+                                                entry=entry)
+        g = self.rec.threads[gid]
+        g.threads += 1
+        g.on_ns += t.on_ns
+        if t.first_ns < g.first_ns:
+            g.first_ns = t.first_ns
+        if t.last_ns > g.last_ns:
+            g.last_ns = t.last_ns
+        g.samples += t.samples
+        if g.threads == 1:
+            g.first_tid = tid
+        for key, (count, ns) in moved:
+            accumulate(stacks, (key[0], gid) + key[2:], count, ns)
+        # its waits' wakers go with them, under the same group
+        wakes = self.rec.wakes
+        for wait, waker in self.tid_wakes.pop(tid, ()):
+            count, ns = wakes.pop((wait, waker))
+            accumulate(wakes, ((wait[0], gid) + wait[2:], waker), count, ns)
+
+    def settle(self, tid: int):
+        """A closed thread's final numbers: its raw sample count and its
+        on-CPU time — exact in wall mode, where its sampled stacks are scaled
+        to add up to it (the raw counts stay); samples x period in cpu mode.
+        Then an ended thread folds into its group."""
+        t = self.rec.threads[tid]
+        stacks = self.rec.stacks
+        on_keys = [k for k in self.tid_keys.get(tid, ()) if bpfdefs.on_cpu(k[5])]
+        t.samples = sum([stacks[k][0] for k in on_keys])
+        if self.opts.mode == "wall":
+            self.scale_on_cpu(t, on_keys)
+        elif self.opts.mode == "cpu":
+            t.on_ns = t.samples * int(1e9 // self.opts.frequency)
+        else:
+            t.on_ns = 0
+        if t.exited and self.opts.fold_threads:
+            self.fold(tid)
+
+    def scale_on_cpu(self, t: ThreadTimes, keys: List[tuple]):
+        """The thread's on-CPU stacks scaled to add up to its exact on-CPU
+        time, remainder on the last; time no sample landed in goes to a stack
+        of its own ([on-cpu: not sampled])."""
+        exact = t.on_ns
+        total = sum(self.rec.stacks[k][1] for k in keys)
+        if total <= 0:
+            if exact > 0:
+                self.add((t.pid, t.tid, UNSAMPLED, -1, 0, KIND_ONCPU), 0, exact)
+            return
+        left = exact
+        for i, key in enumerate(keys):
+            acc = self.rec.stacks[key]
+            share = left if i == len(keys) - 1 else acc[1] * exact // total
+            acc[1] = share
+            left -= share

@@ -1,0 +1,141 @@
+"""The threads that are already blocked when a recording starts: BPF sees
+a stack only when a thread leaves the CPU, so theirs are read here, at the
+start (capture: the Python stack from the target's memory, the native one
+as registers and stack bytes, walked once its tables are in).  And the
+threads of a target registered late (a launched command, a child, a
+process -a found) that blocked before its interpreter was known: the
+Python frames they blocked with are read and handed to BPF (fix_blocked)."""
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+from . import bpfdefs
+from .bpfload import update_elem
+from .bpfdefs import PYS_TRUNCATED
+from .maps import items
+from .recording import NATIVE_ID_BASE, PyStack
+from ..cpython import walker
+from ..profile import reasons
+from ..targets.procfs import blocked_syscall, ns_id, proc_state
+
+
+class BlockedThreads:
+    """The blocked-at-the-start captures of one session (s: the Session,
+    whose targets, rec, bpf, unwinder and native stack ids they use)."""
+
+    def __init__(self, session):
+        self.s = session
+        self.fixes: Dict[int, tuple] = {}       # tid -> (ts, Python stack hash) (fix_blocked)
+        self.captured: Dict[int, tuple] = {}    # ustack id -> (pid, capture) to walk (native_now)
+
+    def capture(self):
+        """The stacks of the targets' threads that are blocked at the start,
+        read here, since BPF only sees a stack when a thread leaves the CPU."""
+        for tgt in self.s.targets:
+            pid = tgt.pid
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            stacks = {}
+            if tgt.python is not None and tgt.reader is not None:
+                stacks = self.thread_stacks(tgt, tids)
+            for tid in tids:
+                frames, truncated = stacks.get(tid, ([], False))
+                pyhash = self.keep_pystack(tgt, tid, frames, truncated) if frames else 0
+                self.s.accounts.initial[tid] = (pid, pyhash, state_kind(pid, tid),
+                                      self.native_now(pid, tid))
+
+    def thread_stacks(self, tgt, tids) -> Dict[int, tuple]:
+        """host tid -> (frames, truncated): the Python stacks of tgt's threads
+        read from its memory now (walker.all_thread_stacks)."""
+        stacks = walker.all_thread_stacks(tgt.python)
+        if tgt.pid in self.s.rec.ns_ids:
+            # CPython keeps the ids its own PID namespace gave the threads
+            host = {ns_id(f"/proc/{tgt.pid}/task/{t}/status", -1): t for t in tids}
+            stacks = {host[t]: st for t, st in stacks.items() if t in host}
+        return stacks
+
+    def keep_pystack(self, tgt, tid: int, frames, truncated: bool) -> int:
+        """A Python stack read in user space, kept beside BPF's with its code
+        objects; its hash (bit 62 set, as every one read in user space; the
+        image's epoch in it, as BPF mixes it into its own)."""
+        pyhash = (hash((tgt.pid, tid, tgt.epoch, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
+        infos = [tgt.reader.code(code) for code, _, _ in frames]
+        self.s.rec.pystacks[pyhash] = PyStack(tgt.pid, PYS_TRUNCATED if truncated else 0, frames,
+                                            infos, tgt.python)
+        return pyhash
+
+    def fix_blocked(self, tgt):
+        """tgt has just been registered with its interpreter: its threads that
+        blocked before (a launched command, a child, a process found by -a)
+        were captured without Python frames.  Each still in that interval
+        (offcpu_start.ts the same before and after the read) has not run
+        since, so the frames read now are those it blocked with: BPF takes
+        them at its switch-in (pystack_fix), Session._flush_blocked at the end."""
+        if tgt.python is None or tgt.reader is None:
+            return
+        table, fix = self.s.bpf["offcpu_start"], self.s.bpf["pystack_fix"]
+        pid = tgt.pid
+
+        def open_now():
+            return {k.value: st.ts for k, st in items(table)
+                    if st.key.tgid == pid and not st.key.pystack}
+        before = open_now()
+        if not before:
+            return
+        stacks = self.thread_stacks(tgt, before)
+        after = open_now()
+        for tid, ts in before.items():
+            frames, truncated = stacks.get(tid, ([], False))
+            if not frames or after.get(tid) != ts:
+                continue                # it ran meanwhile: its next capture has them
+            pyhash = self.keep_pystack(tgt, tid, frames, truncated)
+            leaf = fix.Leaf()
+            leaf.ts, leaf.pystack = ts, pyhash
+            update_elem(fix.map_fd, fix.Key(tid), leaf)
+            self.fixes[tid] = (ts, pyhash)
+
+    def native_now(self, pid: int, tid: int) -> int:
+        """The native stack of a thread blocked right now, as an id in
+        rec.ustacks; -1: none.  Its registers and stack are read now and
+        walked once its process's tables are ready (walk_captured): the
+        tables are made while the recording runs, and the thread has not
+        run meanwhile, so the walk is the one it would have been now."""
+        cap = self.s.unwinder.capture_blocked(pid, tid) if self.s.unwinder is not None else None
+        if cap is None:
+            return -1
+        sid = NATIVE_ID_BASE + len(self.s.native_ids)
+        self.s.native_ids[("now", tid)] = sid
+        self.s.rec.ustacks[sid], self.s.rec.native_flags[sid] = [], 0
+        self.captured[sid] = (pid, cap)
+        return sid
+
+    def walk_captured(self, final: bool):
+        """The stacks native_now captured, walked once their tables are in
+        (at the end, with what is in by then)."""
+        if not self.captured or self.s.unwinder is None:
+            return
+        for sid, (pid, cap) in list(self.captured.items()):
+            if not final and not self.s.unwinder.captured_ready(pid, cap):
+                continue
+            del self.captured[sid]
+            got = self.s.unwinder.walk_captured(pid, cap)
+            if got is not None:
+                self.s.rec.ustacks[sid], self.s.rec.native_flags[sid] = got
+
+
+def state_kind(pid: int, tid: int) -> int:
+    """The kind of off-CPU time (bpfdefs.KIND_*) of a thread's state in /proc, with
+    the system call it is in (/proc/PID/task/TID/syscall: its number, -1
+    for none, `running`), as BPF keeps it (reasons.split_kind)."""
+    sc = blocked_syscall(pid, tid)
+    sysno = reasons.UNKNOWN if sc is None else (None if sc.nr < 0 else sc.nr)
+    return reasons.with_sys(proc_state_kind(pid, tid), sysno)
+
+
+def proc_state_kind(pid: int, tid: int) -> int:
+    return {"S": bpfdefs.KIND_SLEEP, "R": bpfdefs.KIND_RUNQUEUE, "D": bpfdefs.KIND_UNINTERRUPTIBLE,
+            "I": bpfdefs.KIND_SLEEP}.get(proc_state(f"/proc/{pid}/task/{tid}/stat"),
+                                         bpfdefs.KIND_OTHER)

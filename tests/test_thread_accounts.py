@@ -1,0 +1,117 @@
+"""Each thread's exact times (collect/accounting.py) from thread records and
+aggregated stacks made by hand, without BPF: the record of a thread is what
+BPF keeps for it (bpf/pyoffcpu.h, struct thread_t), the stacks what a drain
+adds.  Every expectation is exact: nanoseconds in, nanoseconds out."""
+from types import SimpleNamespace
+
+from pyoffcpu.collect.accounting import ThreadAccounts
+from pyoffcpu.collect.bpfdefs import KIND_ONCPU, KIND_OTHER, KIND_SLEEP, TH
+from pyoffcpu.collect.recording import NO_STACK, UNSAMPLED, Options, PyStack, Recording
+from pyoffcpu.cpython.code import CodeInfo
+
+START, END = 1_000_000_000, 3_000_000_000          # a 2 s window (monotonic ns)
+PID = 50
+
+
+def record(tid, *, flags=0, on_ns=0, ts=0, first_ts=0, last_ts=0, unseen_ns=0, comm=b"worker"):
+    return SimpleNamespace(tgid=PID, comm=comm, on_ns=on_ns, flags=flags, ts=ts, first_ts=first_ts,
+                           last_ts=last_ts, unseen_ns=unseen_ns)
+
+
+def accounts(mode="wall", fold=True, left_out=lambda ns: False):
+    acc = ThreadAccounts(Recording(Options(mode=mode, fold_threads=fold)), left_out)
+    acc.start_ns, acc.end_ns = START, END
+    return acc
+
+
+def on_key(tid, ustack, pyhash=0):
+    return (PID, tid, ustack, -1, pyhash, KIND_ONCPU)
+
+
+def close(acc, tid, th):
+    acc.thread_times(tid, th)
+    acc.close_thread(tid, th)
+    acc.settle(tid)
+    return acc.rec.threads.get(tid)
+
+
+def test_sampled_stacks_are_scaled_to_the_exact_on_cpu_time_and_keep_their_counts():
+    acc = accounts()
+    # on the CPU 0.7 s (closed intervals) and since its last switch-in 0.2 s before the end
+    th = record(11, flags=TH["ON"] | TH["FIRST_OUT"], on_ns=700_000_000, ts=END - 200_000_000,
+                first_ts=START + 10)
+    acc.add(on_key(11, 1), 3, 30_303_030)           # 3 samples
+    acc.add(on_key(11, 2), 6, 60_606_060)           # 6 samples
+    acc.add((PID, 11, 3, -1, 0, KIND_SLEEP), 4, 1_100_000_000)
+    t = close(acc, 11, th)
+    assert t.on_ns == 900_000_000 and t.first_ns == 0 and t.last_ns == END - START
+    stacks = acc.rec.stacks
+    assert stacks[on_key(11, 1)] == [3, 300_000_000] and stacks[on_key(11, 2)] == [6, 600_000_000]
+    assert t.samples == 9
+    assert stacks[(PID, 11, 3, -1, 0, KIND_SLEEP)] == [4, 1_100_000_000]     # off-CPU: as measured
+
+
+def test_on_cpu_time_no_sample_landed_in_has_a_stack_of_its_own():
+    acc = accounts()
+    th = record(12, flags=TH["OFF"] | TH["FIRST_OUT"], on_ns=5_000_000, first_ts=START + 10)
+    t = close(acc, 12, th)
+    assert t.on_ns == 5_000_000 and acc.rec.stacks[(PID, 12, UNSAMPLED, -1, 0, KIND_ONCPU)] == [0, 5_000_000]
+
+
+def test_a_thread_that_never_switches_is_on_the_cpu_the_whole_window():
+    acc = accounts()
+    acc.add(on_key(13, 1), 200, 2_020_202_020)
+    t = close(acc, 13, record(13))                  # no first_ts: no switch at all
+    assert t.on_ns == END - START and acc.rec.stacks[on_key(13, 1)] == [200, END - START]
+
+
+def test_a_thread_blocked_the_whole_window_keeps_the_stacks_read_at_the_start():
+    acc = accounts()
+    acc.initial[14] = (PID, 77, KIND_SLEEP, 5)      # (pid, Python stack, kind, native stack)
+    t = close(acc, 14, record(14))
+    assert t.on_ns == 0
+    assert acc.rec.stacks == {(PID, 14, 5, -1, 77, KIND_SLEEP): [1, END - START]}
+
+
+def test_time_before_the_first_switch_in_and_after_a_missed_switch_out():
+    acc = accounts()
+    acc.initial[15] = (PID, 0, KIND_SLEEP, NO_STACK)   # asleep at the start, stack unreadable
+    th = record(15, flags=TH["FIRST_IN"] | TH["OFF"], first_ts=START + 400_000_000,
+                on_ns=100_000_000, unseen_ns=30_000_000)
+    acc.add(on_key(15, 1), 1, 10_101_010)
+    close(acc, 15, th)
+    s = acc.rec.stacks
+    assert s[(PID, 15, NO_STACK, -1, 0, KIND_SLEEP)] == [1, 400_000_000]    # blocked from the start
+    assert s[(PID, 15, NO_STACK, -1, 0, KIND_OTHER)] == [1, 30_000_000]       # stack unknown
+    assert s[on_key(15, 1)] == [1, 100_000_000]
+
+
+def test_a_wait_left_out_by_length_is_counted_not_added():
+    acc = accounts(left_out=lambda ns: ns > 1_000_000_000)
+    close(acc, 16, record(16))
+    assert acc.rec.stacks == {} and acc.filtered == [1, END - START]
+
+
+def test_ended_threads_fold_by_their_entry_function_with_exact_sums():
+    acc = accounts()
+    code = CodeInfo("handle", "/srv/app.py", 1, b"", 0)
+    acc.rec.pystacks[9] = PyStack(PID, 0, [(1, 0, 0)], [code])
+    for i, tid in enumerate((21, 22)):
+        th = record(tid, flags=TH["BORN"] | TH["EXITED"] | TH["FIRST_OUT"], on_ns=(i + 1) * 10_000_000,
+                    first_ts=START + (i + 1) * 100, last_ts=START + (i + 1) * 1000)
+        acc.add(on_key(tid, 1, pyhash=9), 1, 1)
+        close(acc, tid, th)
+    assert 21 not in acc.rec.threads and 22 not in acc.rec.threads
+    (gid, g), = [(k, t) for k, t in acc.rec.threads.items() if k < 0]
+    assert (g.threads, g.on_ns, g.samples, g.entry) == (2, 30_000_000, 2, "handle (app.py)")
+    assert (g.first_ns, g.last_ns, g.first_tid) == (100, 2000, 21)
+    assert acc.rec.stacks == {(PID, gid, 1, -1, 9, KIND_ONCPU): [2, 30_000_000]}
+
+
+def test_keep_tids_keeps_every_ended_thread_and_cpu_mode_counts_samples():
+    acc = accounts(mode="cpu", fold=False)
+    th = record(31, flags=TH["BORN"] | TH["EXITED"], on_ns=123, first_ts=START + 1, last_ts=START + 2)
+    acc.add(on_key(31, 1), 7, 7)
+    t = close(acc, 31, th)
+    assert t is acc.rec.threads[31] and t.exited and t.samples == 7
+    assert t.on_ns == 7 * (10**9 // 99)             # samples x period at 99 Hz
