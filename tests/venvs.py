@@ -1,6 +1,6 @@
 """Virtual environments with packages from PyPI, kept across runs outside
 the clone (PyTorch's is ~5 GB): the tests (conftest.cached_venv) and the
-bench (tools/bench/torch_case.py) share them."""
+bench (tools/bench/case_torch.py) share them."""
 import fcntl
 import hashlib
 import os

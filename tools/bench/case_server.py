@@ -1,0 +1,202 @@
+"""Case 10: a thread-per-request server's throughput under each profiler."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Dict, List, Optional
+
+from harness import (fmt_num, fmt_pct, fmt_range, loss, markdown_table, median, per_round_losses, prog_delta,
+                     prog_label, rotated, spread, verdict)
+
+from common import (Proc, Profiler, Results, SETTLE_S, THREADSERVER, Tools, bpfstats, cpu_s, end_server, log,
+                    server_stats)
+
+
+# -- case 10: throughput of a thread-per-request server under each profiler ---------------------------
+SERVER_LOSS_MAX = 0.03          # issue 10: pyoffcpu --mode wall costs the server at most 3% of its requests/s
+SERVER_WARMUP_S = 2.0           # the client's load settles before a profiler comes or the window starts
+SERVER_PROFILERS = ("pyoffcpu --mode wall", "pyoffcpu --mode cpu -F 99", "py-spy record --idle -r 100")
+ALONE = "alone"
+
+
+def server_measure(tools: Tools, prof: Optional[Profiler], seconds: float, clients: int, tag: str,
+                   with_stats: bool = False) -> dict:
+    """A fresh ThreadingHTTPServer, a client in another process as fast as it
+    goes, `prof` attached (None: alone) before a window of `seconds`: the
+    requests/s the server answered in the window, the profiler's CPU seconds
+    in it (and its BPF programs' run counts and times with_stats), then the
+    profiler stopped (SIGINT, its file written)."""
+    srv = Proc([tools.python, THREADSERVER, "server"], stdin=True)
+    cli = p = stats = None
+    out_base = os.path.join(tools.outdir, tag)
+    try:
+        port = int(srv.expect("ready ", 30).split()[1])
+        cli = Proc([tools.python, THREADSERVER, "client", str(port), "--rate", "0",
+                    "--seconds", f"{seconds + 900:g}", "--threads", str(clients)])
+        time.sleep(SERVER_WARMUP_S)
+        if not server_stats(srv)["served"]:
+            raise RuntimeError(f"the server answered nothing in {SERVER_WARMUP_S:g} s "
+                               f"(client: {cli.stderr_tail()})")
+        m = {"profiler": prof.label if prof else ALONE}
+        if prof:
+            p = Proc(prof.argv(srv.pid, out_base), merge=prof.merge, env=tools.env if prof.pyoffcpu else None)
+            t_ready = p.wait_err(prof.ready, 120)
+            m["start_s"] = t_ready - p.started
+            time.sleep(SETTLE_S)
+            if with_stats:
+                stats = bpfstats.ProgStats(p.pid)
+                before = stats.read()
+            cpu0 = cpu_s(p.pid)
+        s0 = server_stats(srv)
+        time.sleep(seconds)
+        s1 = server_stats(srv)
+        if prof:
+            cpu1 = cpu_s(p.pid)
+            if with_stats:
+                m["progs"] = prog_delta(before, stats.read())
+            if p.p.poll() is not None or cpu0 is None or cpu1 is None:
+                raise RuntimeError(f"{prof.label} exited during the window: {p.stderr_tail()}")
+            m["profiler_cpu_s"] = cpu1 - cpu0
+        m["window_s"] = s1["t"] - s0["t"]
+        m["served"] = s1["served"] - s0["served"]
+        m["rate"] = m["served"] / max(1e-6, m["window_s"])
+        if prof:
+            t_sig = time.monotonic()
+            p.interrupt()
+            rc = p.wait(600)
+            m["stop_s"] = time.monotonic() - t_sig
+            if rc != 0:
+                raise RuntimeError(f"{prof.label} exited {rc}: {p.stderr_tail()}")
+        cli.interrupt()
+        try:
+            c = json.loads(cli.expect("done ", 30).split(" ", 1)[1])
+            m["client_errors"] = c.get("errors", 0)
+        except RuntimeError as e:
+            log(f"case 10 client: {e}")
+        return m
+    finally:
+        if stats:
+            stats.close()
+        if p:
+            p.kill()
+        end_server(srv, cli)
+        for ext in (".folded", ".txt"):
+            if os.path.exists(out_base + ext):
+                os.unlink(out_base + ext)
+
+
+def server_case(tools: Tools, res: Results, seconds: float, rounds: int, clients: int):
+    """`rounds` rounds, each every configuration once (alone and under each
+    profiler) in a rotating order, a fresh server per measurement; then one
+    more run per pyoffcpu mode with kernel.bpf_stats_enabled=1."""
+    P = tools.profs
+    configs = [ALONE] + [k for k in SERVER_PROFILERS if k in P]
+    out = {"seconds": seconds, "rounds": rounds, "clients": clients, "configs": configs,
+           "runs": {c: [] for c in configs}, "per_round": [], "stats": []}
+    for i in range(rounds):
+        this: Dict[str, float] = {}
+        for label in rotated(configs, i):
+            tag = f"c10-{i}-{'alone' if label == ALONE else label.split()[0] + '-' + label.split()[2]}"
+            try:
+                m = server_measure(tools, P.get(label), seconds, clients, tag)
+                out["runs"][label].append(m)
+                this[label] = m["rate"]
+                log(f"case 10 round {i + 1}/{rounds} {label}: {m['rate']:.0f} requests/s over "
+                    f"{m['window_s']:.1f} s" + (f", profiler CPU {m['profiler_cpu_s']:.2f} s, stopped in "
+                                                f"{m['stop_s']:.1f} s" if label != ALONE else "")
+                    + (f", {m['client_errors']} failed requests" if m.get("client_errors") else ""))
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 10 round {i + 1} {label}: {e}")
+                log(f"case 10 round {i + 1} {label}: FAILED: {e}")
+        out["per_round"].append(this)
+    if tools.sysctl is not None and tools.sysctl.available:
+        for label in configs:
+            prof = P.get(label)
+            if not prof or not prof.stats:
+                continue
+            try:
+                tools.sysctl.on()
+                try:
+                    m = server_measure(tools, prof, seconds, clients, "c10-stats", with_stats=True)
+                finally:
+                    tools.sysctl.off()
+                out["stats"].append(m)
+                log(f"case 10 BPF run times under {label} ({m['rate']:.0f} requests/s): "
+                    + ", ".join(f"{prog_label(k)} {c} runs {ns / max(1, c):.0f} ns"
+                                for k, (c, ns) in sorted(m["progs"].items()) if c))
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 10 {label} BPF stats run: {e}")
+                log(f"case 10 {label} BPF stats run: FAILED: {e}")
+    res.server = out
+
+
+def server_summary(d: dict) -> List[dict]:
+    """Per configuration: its requests/s (median, min, max), the loss against
+    the alone median and the median of its per-round losses against the alone
+    run of the same round, the profiler's CPU seconds in the window."""
+    alone = spread([m["rate"] for m in d["runs"].get(ALONE, [])])["median"]
+    rows = []
+    for label in d["configs"]:
+        runs = d["runs"][label]
+        s = spread([m["rate"] for m in runs])
+        cpu = spread([m.get("profiler_cpu_s") for m in runs])
+        per_round = per_round_losses(d["per_round"], ALONE, label) if label != ALONE else []
+        rows.append({"label": label, "n": s["n"], "median": s["median"], "min": s["min"], "max": s["max"],
+                     "loss": loss(s["median"], alone) if label != ALONE else None,
+                     "round_loss": median(per_round), "rounds_paired": len(per_round),
+                     "cpu_s": cpu["median"], "start_s": median([m.get("start_s") for m in runs]),
+                     "stop_s": median([m.get("stop_s") for m in runs]),
+                     "errors": sum(m.get("client_errors", 0) for m in runs),
+                     "target": SERVER_LOSS_MAX if label == "pyoffcpu --mode wall" else None})
+    return rows
+
+
+def render_server(d: dict) -> List[str]:
+    out = [f"## Thread-per-request server throughput (case 10): {d['rounds']} rounds x {d['seconds']:g} s "
+           "per configuration\n"]
+    out.append(f"An `http.server.ThreadingHTTPServer` (127.0.0.1, HTTP/1.0: one connection and one new thread "
+               f"per request) under the target Python, and a client of {d['clients']} threads in a process "
+               "of their own sending as fast as the answers come. Requests/s answered by the server over "
+               f"a {d['seconds']:g} s window; the profiler attached before it (its ready line, then "
+               f"{SETTLE_S:g} s) and stopped after it; a fresh server and client for every measurement, "
+               "each round every configuration once, in an order rotating from round to round.\n")
+    rows = []
+    for r in server_summary(d):
+        tgt = r["target"]
+        window = d["seconds"]
+        rows.append([r["label"], r["n"], fmt_num(r["median"], 0), fmt_range(r["min"], r["max"], 0),
+                     fmt_pct(r["loss"]) if r["label"] != ALONE else "—",
+                     (fmt_pct(r["round_loss"]) + f" ({r['rounds_paired']})") if r["label"] != ALONE else "—",
+                     fmt_num(r["cpu_s"], 2) if r["label"] != ALONE else "—",
+                     f"{100 * r['cpu_s'] / window:.0f}%" if r["cpu_s"] is not None else "—",
+                     f"<= {100 * tgt:g}%" if tgt else "—",
+                     verdict(r["loss"], tgt) if tgt else "—"])
+    out.append(markdown_table(["configuration", "runs", "requests/s median", "min–max",
+                               "loss vs alone median", "loss vs alone, same round (median; rounds)",
+                               "profiler CPU s in window", "of one core", "target", ""], rows, "lrrrrrrrrl"))
+    out.append("")
+    errs = {r["label"]: r["errors"] for r in server_summary(d) if r["errors"]}
+    out.append("Loss: 1 - requests/s under the profiler / requests/s alone (negative: more requests "
+               "than alone; the spread of the alone runs is the noise). The verdict is on the loss "
+               "against the alone median. Profiler CPU: the profiler process's user+system time during "
+               "the window (/proc/PID/stat); BPF programs run in the context of the threads they "
+               "observe and are not in it."
+               + (" Failed requests: " + ", ".join(f"{k} {v}" for k, v in errs.items()) + "." if errs else ""))
+    out.append("")
+    if d.get("stats"):
+        rows = []
+        for m in d["stats"]:
+            w = m["window_s"]
+            for name, (cnt, ns) in sorted(m.get("progs", {}).items()):
+                lb = prog_label(name)
+                if not cnt and not lb.startswith(("sched_switch", "on_cpu_sample")):
+                    continue
+                rows.append([m["profiler"], lb, cnt, f"{cnt / w:.0f}", fmt_num(ns / cnt, 0) if cnt else "no runs",
+                             f"{100 * ns / w / 1e9:.2f}%", f"{m['rate']:.0f}"])
+        out.append("BPF programs over the window of one more run per pyoffcpu mode, with "
+                   "kernel.bpf_stats_enabled=1 (restored after):\n")
+        out.append(markdown_table(["profiler", "program", "runs", "runs/s", "average ns", "CPU (share of one core)",
+                                   "requests/s in that run"], rows, "llrrrrr"))
+        out.append("")
+    return out
