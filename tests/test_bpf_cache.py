@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from conftest import ROOT, Workload, env, python_or_skip
-from pyoffcpu.collect import bpfload
+from pyoffcpu.collect import bpfload, bpfsys, progcache, tables
 from pyoffcpu.profile.model import FrameKind
 
 DURATION = 4.0
@@ -49,7 +49,7 @@ def frozen_sources(monkeypatch):
 def compiles(monkeypatch):
     """The cflags of every bcc compile from here on (each still compiles)."""
     seen = []
-    real = bpfload.compile_in_child
+    real = progcache.compile_in_child
     monkeypatch.setattr(bpfload, "compile_in_child",
                         lambda text, cflags: seen.append(cflags) or real(text, cflags))
     return seen
@@ -190,7 +190,7 @@ def test_a_damaged_entry_is_compiled_again_with_a_one_line_notice(recordings, tm
     assert prof.total_ns(tid=w.pid) >= 0.9 * DURATION * 1e9
     # and the entry is whole again
     (again,) = entries(cache)
-    bpfload.parse(open(again, "rb").read(), os.path.basename(again)[:-4])
+    progcache.parse(open(again, "rb").read(), os.path.basename(again)[:-4])
 
 
 # -- what a key covers -----------------------------------------------------------------------------
@@ -223,51 +223,51 @@ def test_the_key_covers_headers_kernel_and_bcc(tmp_path, monkeypatch):
     shutil.copytree(BPF_DIR, inc)
     text = open(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")).read()
     flags = [f"-I{inc}", "-DX=1"]
-    base = bpfload.cache_key(text, flags)
-    assert base and base == bpfload.cache_key(text, flags)
-    assert bpfload.cache_key(text + " ", flags) != base
-    assert bpfload.cache_key(text, flags + ["-DY=2"]) != base
-    assert bpfload.cache_key(text, [f"-I{inc}", "-DX=2"]) != base
+    base = progcache.cache_key(text, flags)
+    assert base and base == progcache.cache_key(text, flags)
+    assert progcache.cache_key(text + " ", flags) != base
+    assert progcache.cache_key(text, flags + ["-DY=2"]) != base
+    assert progcache.cache_key(text, [f"-I{inc}", "-DX=2"]) != base
     with open(inc / "pyoffcpu.h", "a") as f:           # a header the text includes
         f.write("\n")
-    changed = bpfload.cache_key(text, flags)
+    changed = progcache.cache_key(text, flags)
     assert changed != base
     # another kernel (its BTF), or no BTF to tell: never the same entry
     other = tmp_path / "vmlinux"
-    data = bytearray(open(bpfload.BTF_VMLINUX, "rb").read())
+    data = bytearray(open(progcache.BTF_VMLINUX, "rb").read())
     data[-1] ^= 1
     other.write_bytes(bytes(data))
-    assert bpfload.cache_key(text, flags, btf_path=str(other)) != changed
-    assert bpfload.cache_key(text, flags, btf_path=str(tmp_path / "none")) is None
+    assert progcache.cache_key(text, flags, btf_path=str(other)) != changed
+    assert progcache.cache_key(text, flags, btf_path=str(tmp_path / "none")) is None
     # bcc's settings and library
     monkeypatch.setenv("BCC_KERNEL_SOURCE", "/usr/src/elsewhere")
-    assert bpfload.cache_key(text, flags) != changed
+    assert progcache.cache_key(text, flags) != changed
     monkeypatch.delenv("BCC_KERNEL_SOURCE")
-    monkeypatch.setattr(bpfload, "_bcc_identity", lambda: "bcc 9.9")
-    assert bpfload.cache_key(text, flags) != changed
+    monkeypatch.setattr(progcache, "_bcc_identity", lambda: "bcc 9.9")
+    assert progcache.cache_key(text, flags) != changed
 
 
 # -- entries ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def entry(recordings):
     path = recordings["entry"]
-    return bpfload.parse(open(path, "rb").read(), os.path.basename(path)[:-4])
+    return progcache.parse(open(path, "rb").read(), os.path.basename(path)[:-4])
 
 
 def test_every_cut_or_flipped_byte_is_refused(entry):
-    data = bpfload.serialize(entry)
-    assert bpfload.parse(data, entry["key"])["programs"] == entry["programs"]
+    data = progcache.serialize(entry)
+    assert progcache.parse(data, entry["key"])["programs"] == entry["programs"]
     step = max(1, len(data) // 400)
     for n in list(range(0, len(data), step)) + [len(data) - 1]:
-        with pytest.raises(bpfload.CacheError):
-            bpfload.parse(data[:n], entry["key"])
+        with pytest.raises(progcache.CacheError):
+            progcache.parse(data[:n], entry["key"])
     for n in range(0, len(data), step * 3):
         bad = bytearray(data)
         bad[n] ^= 0x01
-        with pytest.raises(bpfload.CacheError):
-            bpfload.parse(bytes(bad), entry["key"])
-    with pytest.raises(bpfload.CacheError, match="another key"):
-        bpfload.parse(data, "0" * 64)
+        with pytest.raises(progcache.CacheError):
+            progcache.parse(bytes(bad), entry["key"])
+    with pytest.raises(progcache.CacheError, match="another key"):
+        progcache.parse(data, "0" * 64)
 
 
 def test_a_map_reference_must_point_at_a_map_load(entry):
@@ -275,8 +275,8 @@ def test_a_map_reference_must_point_at_a_map_load(entry):
     idx, name = prog["maps"][0]
     prog["maps"] = [[idx + 1, name]] + prog["maps"][1:]       # the second half of the ld_imm64
     bad = dict(entry, programs=[prog] + entry["programs"][1:])
-    with pytest.raises(bpfload.CacheError, match="map reference"):
-        bpfload.parse(bpfload.serialize(bad), entry["key"])
+    with pytest.raises(progcache.CacheError, match="map reference"):
+        progcache.parse(progcache.serialize(bad), entry["key"])
 
 
 def test_map_types_are_the_ones_bcc_builds(entry, bpf):
@@ -296,7 +296,7 @@ def test_map_types_are_the_ones_bcc_builds(entry, bpf):
     for m in entry["maps"]:
         for desc in (m["key_desc"], m["leaf_desc"]):
             d = json.loads(desc)
-            assert layout(bpfload.ctype_of(d)) == layout(bcc.BPF._decode_table_type(d)), m["name"]
+            assert layout(tables.ctype_of(d)) == layout(bcc.BPF._decode_table_type(d)), m["name"]
             checked += 1
     assert checked == 2 * len(entry["maps"]) >= 40
 
@@ -316,7 +316,7 @@ def test_header_structs_are_the_ones_bpf_was_compiled_with(entry, bpf):
     seen = set()
     for m in entry["maps"]:
         for desc in (m["key_desc"], m["leaf_desc"]):
-            t = bpfload.ctype_of(json.loads(desc))
+            t = tables.ctype_of(json.loads(desc))
             if isinstance(t, type) and issubclass(t, ctypes.Structure):
                 try:
                     mine = bpfdefs.struct_type(t.__name__)
@@ -355,13 +355,13 @@ def test_a_finishing_program_the_verifier_refuses_is_not_fatal(recordings, tmp_p
     from pyoffcpu.collect import recording, session
     shutil.copytree(recordings["cache"], tmp_path / "cache")
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path / "cache"))
-    real = bpfload._prog_load
+    real = bpfload.prog_load
 
     def refuse(ptype, insns, license, kv, name, *a, **kw):
         if name == "unwind_tp":
             raise OSError(13, "Permission denied")
         return real(ptype, insns, license, kv, name, *a, **kw)
-    monkeypatch.setattr(bpfload, "_prog_load", refuse)
+    monkeypatch.setattr(bpfload, "prog_load", refuse)
     s = session.Session(recording.Options(pids=[os.getpid()]), plat.probe())
     s._compile()
     try:
@@ -391,7 +391,7 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
         with compiled(p, **opts) as s:
             got = {}
             for name in ("kstacks", "ustacks", "threads", "offcpu_start", "pystack_seen", "agg"):
-                info = bpfload.map_info(s.bpf[name].map_fd)
+                info = bpfsys.map_info(s.bpf[name].map_fd)
                 assert s.bpf[name].max_entries == info[3]
                 got[name] = info[3]
             return got
@@ -408,14 +408,14 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
 def test_btf_offsets_are_remembered_and_a_bad_record_is_ignored(tmp_path):
     from pyoffcpu.collect.btf import Btf, member_offsets
     want = [("task_struct", "pid"), ("task_struct", "se.sum_exec_runtime"), ("pt_regs", "ip")]
-    btf = Btf.load(bpfload.BTF_VMLINUX)
+    btf = Btf.load(progcache.BTF_VMLINUX)
     truth = [btf.member_offset(s, m) for s, m in want]
     from pyoffcpu.collect import btf as btf_mod
     btf_mod._OFFSETS.clear()
-    assert member_offsets(bpfload.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+    assert member_offsets(progcache.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
     (rec,) = [p for p in os.listdir(tmp_path) if p.startswith("btf-")]
     btf_mod._OFFSETS.clear()
-    assert member_offsets(bpfload.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+    assert member_offsets(progcache.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
     (tmp_path / rec).write_text("{not json")
     btf_mod._OFFSETS.clear()
-    assert member_offsets(bpfload.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+    assert member_offsets(progcache.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth

@@ -24,7 +24,7 @@ LOG_STATS = 4
 def main() -> int:
     if os.geteuid() != 0:
         sys.exit("bpf_insns: run as root")
-    from pyoffcpu.collect import bpfload
+    from pyoffcpu.collect import bpfload, bpfsys
     from pyoffcpu.collect import platform as plat
     from pyoffcpu.collect.recording import Options
     from pyoffcpu.collect.session import Session
@@ -36,8 +36,8 @@ def main() -> int:
         s._compile()
     finally:
         bpfload.load = load
-    for name, kind in (("on_cpu_sample", bpfload.PERF_EVENT), ("unwind_perf", bpfload.PERF_EVENT),
-                       ("unwind_tp", bpfload.RAW_TRACEPOINT), ("memo_tp", bpfload.RAW_TRACEPOINT)):
+    for name, kind in (("on_cpu_sample", bpfsys.PERF_EVENT), ("unwind_perf", bpfsys.PERF_EVENT),
+                       ("unwind_tp", bpfsys.RAW_TRACEPOINT), ("memo_tp", bpfsys.RAW_TRACEPOINT)):
         s.bpf.load_func(name.encode(), kind)
     for name, fn in s.bpf.funcs.items():
         insns = re.search(r"processed (\d+) insns", fn.log)

@@ -129,9 +129,9 @@ BREAKDOWN = [   # (file suffix, function, what it is); a step that did not run i
     ("pyoffcpu/collect/platform.py", "probe", "platform.probe: privileges, BTF offsets of task_struct, tracefs"),
     ("pyoffcpu/collect/session.py", "_compile", "Session._compile: bpfload.load and its cflags"),
     ("pyoffcpu/collect/bpfload.py", "load", "bpfload.load: cache lookup, maps, verifier, raw tracepoints attached"),
-    ("pyoffcpu/collect/bpfload.py", "cache_key", "bpfload.cache_key: sha256 of the text, headers, BTF, bcc"),
-    ("pyoffcpu/collect/bpfload.py", "_read_entry", "bpfload._read_entry: read and check the cache entry"),
-    ("pyoffcpu/collect/bpfload.py", "compile_in_child", "bpfload.compile_in_child: bcc/clang (a cache miss only)"),
+    ("pyoffcpu/collect/progcache.py", "cache_key", "progcache.cache_key: sha256 of the text, headers, BTF, bcc"),
+    ("pyoffcpu/collect/progcache.py", "read_entry", "progcache.read_entry: read and check the cache entry"),
+    ("pyoffcpu/collect/progcache.py", "compile_in_child", "progcache.compile_in_child: bcc/clang (a cache miss only)"),
     ("pyoffcpu/collect/bpfload.py", "load_funcs_parallel", "bpfload.load_funcs_parallel: the kernel verifier, "
                                                    "all programs"),
     ("pyoffcpu/collect/session.py", "_attach", "Session._attach: perf events, perf buffer, the unwinder's tail-call slots"),

@@ -11,7 +11,7 @@ import os
 from typing import Dict
 
 from . import bpfdefs
-from .bpfload import update_elem
+from .bpfsys import update_elem
 from .bpfdefs import PYS_TRUNCATED
 from .maps import items
 from .recording import NATIVE_ID_BASE, PyStack

@@ -15,6 +15,9 @@ known exactly from its switch timestamps; the samples only say how that time
 splits over stacks (ThreadAccounts.scale_on_cpu).  What the maps hold is read
 with maps.py; the threads already blocked at the start are preexisting.py's;
 a command after -- is launch.py's.
+
+Over 600 lines and one job: the loop of one recording, from compile to
+the end mark; what it hands off has a module each (named below).
 """
 from __future__ import annotations
 
@@ -88,7 +91,7 @@ class Session:
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
-        from . import bpfload  # from the cache without clang; bcc (slow, maps LLVM) on a miss
+        from . import bpfload, bpfsys  # from the cache without clang; bcc (slow, maps LLVM) on a miss
         o = self.opts
         p = self.platform
         cflags = [
@@ -113,8 +116,8 @@ class Session:
             self.bpf = bpfload.load(bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), cflags,
                                     sizes=map_sizes(o, tables=unwind_loader.tables_on(self._unwind_cflags)),
                                     skip=() if switches else ("sched_switch",),
-                                    preload=([("on_cpu_sample", bpfload.PERF_EVENT)] if sampled else [])
-                                    + [(fn, bpfload.RAW_TRACEPOINT) for fn in self._wake_programs()],
+                                    preload=([("on_cpu_sample", bpfsys.PERF_EVENT)] if sampled else [])
+                                    + [(fn, bpfsys.RAW_TRACEPOINT) for fn in self._wake_programs()],
                                     optional=unwind_loader.program_specs(sampled, switches,
                                                                          bool(self._wake_programs())),
                                     notices=self.rec.notices,
@@ -149,7 +152,7 @@ class Session:
         return sorted({fn for _, fn in self.WAKE_ATTACH})
 
     def _attach(self):
-        from .bpfload import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE
+        from .bpfsys import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE
         o = self.opts
         try:
             if o.mode in ("wall", "cpu"):

@@ -21,6 +21,9 @@ keeps them true while the recording runs:
 
 The session owns BPF (compile, attach, drain) and the accounting; it asks
 this stage for the targets and tells it when to look again (poll).
+
+Over 600 lines and one job: a target's life; every event (found, exec,
+fork, exit, registered) changes the same state of the same Target.
 """
 from __future__ import annotations
 
@@ -306,7 +309,7 @@ class Targets:
         """Every thread of the targets gets its entry in `threads` before the
         start (BPF keeps their exact times); sched_process_fork adds the ones
         started from now on.  Entries BPF made already are kept."""
-        from ..collect.bpfload import BPF_NOEXIST, update_elem
+        from ..collect.bpfsys import BPF_NOEXIST, update_elem
         table = self.bpf["threads"]
         for tgt in self:
             try:
@@ -384,7 +387,7 @@ class Targets:
         exact either way."""
         if self._life is None:
             import mmap
-            from ..collect.bpfload import lookup_elem
+            from ..collect.bpfsys import lookup_elem
             total, log = self.bpf["life_total"], self.bpf["life_log"]
             size = -(-log.max_entries * ctypes.sizeof(log.Leaf) // mmap.PAGESIZE) * mmap.PAGESIZE
             self._life = (lookup_elem, total.map_fd, total.Key(0), total.Leaf(),

@@ -21,6 +21,9 @@ the first look has long finished, and what it wrote is seen by the second.
 A slot that is cleared makes a lookup fail (no row: that frame is walked
 by frame pointer), never find another file's rows; the kernel frees the
 array once no program holds it.
+
+Over 600 lines and one job: the BPF side of the unwind tables; their
+slots, lifetimes and the per-process entries that name them change together.
 """
 from __future__ import annotations
 
@@ -37,7 +40,9 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from ...collect import bpfdefs
 from .. import symbols
 from ..elffile import ElfCache, default_cache, load_bias
-from ...collect.bpfdefs import MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PENDING, NST_TRUNCATED, NST_UNMAPPED, UNWIND_FILE_PENDING
+from ...collect.bpfdefs import (MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER,  # noqa: F401
+                                NST_INCOMPLETE, NST_PENDING, NST_TRUNCATED, NST_UNMAPPED,
+                                UNWIND_FILE_PENDING)
 from . import build as B
 from . import table as T
 from . import walk
@@ -75,7 +80,7 @@ def tables_on(flags: List[str]) -> bool:
 def program_specs(perf: bool = True, switch: bool = True, wake: bool = False) -> List[Tuple[str, int]]:
     """(function, BPF program type) of the finishing programs load_programs
     loads (the session has them loaded with the main programs, in parallel)."""
-    from ...collect.bpfload import PERF_EVENT, RAW_TRACEPOINT
+    from ...collect.bpfsys import PERF_EVENT, RAW_TRACEPOINT
     # tail calls stay within one program type: sched_switch and sched_waking
     # are raw tracepoints
     return ([("unwind_perf", PERF_EVENT)] if perf else []) + (
@@ -243,7 +248,7 @@ class NativeUnwinder:
 
     def _array_of(self, t: T.UnwindTable, loaded: _Loaded) -> int:
         """A new BPF array holding the table (page index, rows); its fd."""
-        from ...collect.bpfload import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
+        from ...collect.bpfsys import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
         index = array.array("I", bytes(8 * (t.npages + 1)))
         index[0::2] = t.pages
         head = index.tobytes()
@@ -264,7 +269,7 @@ class NativeUnwinder:
     def _load_many(self, items: List[Tuple[tuple, Optional[T.UnwindTable]]]) -> None:
         """Tables into the kernel, their slots set in one batched update
         (one wait for the programs, not one per slot)."""
-        from ...collect.bpfload import update_batch
+        from ...collect.bpfsys import update_batch
         staged = []                     # (key, loaded, fd)
         for key, t in items:
             name = self._names.get(key, "?")

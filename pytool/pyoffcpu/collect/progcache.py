@@ -1,0 +1,365 @@
+"""The cache of what bcc compiled (see bpfload's doc): the key (the sha256
+of everything the compile depends on), the entry files (written
+atomically, checked when read), and the compile itself, with bcc, in a
+child process whose memory leaves with it."""
+from __future__ import annotations
+
+
+import base64
+import ctypes as ct
+import hashlib
+import importlib.util
+import json
+import os
+import struct
+from typing import Dict, Optional, Sequence
+
+from .. import cachedir
+from .bpfsys import (BPF_MAP_TYPE_ARRAY_OF_MAPS, BpfError, INNER_SUFFIX, LD_IMM64, PSEUDO_MAP_FD,
+                     PSEUDO_MAP_VALUE, map_info)
+
+FORMAT = 1
+MAGIC = b"pyoffcpu-bpf-cache\n"
+MAX_FILES = 32                          # entries kept (least recently used go first)
+BTF_VMLINUX = "/sys/kernel/btf/vmlinux"
+
+
+class CacheError(Exception):
+    """A cache entry that cannot be used."""
+
+
+# -- the cache key ------------------------------------------------------------------------------------
+_SHA256: Dict[tuple, str] = {}
+
+
+def file_sha256(path: str) -> str:
+    """sha256 of a file's bytes, remembered in this process while its
+    identity (device, inode, size, mtime) stays."""
+    st = os.stat(path)
+    ident = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if ident not in _SHA256:
+        with open(path, "rb") as f:
+            _SHA256[ident] = hashlib.sha256(f.read()).hexdigest()
+    return _SHA256[ident]
+
+
+def _stat_id(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return f"{path}:-"
+    return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def _bcc_identity() -> str:
+    """bcc's version and library, found without importing bcc (which maps LLVM)."""
+    out = []
+    try:
+        spec = importlib.util.find_spec("bcc")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        d = list(spec.submodule_search_locations)[0]
+        for name in ("version.py", "__init__.py", "libbcc.py"):
+            out.append(_stat_id(os.path.join(d, name)))
+        try:
+            with open(os.path.join(d, "version.py")) as f:
+                out.append(f.read().strip())
+        except OSError:
+            pass
+    for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
+              "/usr/local/lib", "/usr/local/lib64"):
+        lib = os.path.join(d, "libbcc.so.0")
+        if os.path.exists(lib):
+            out.append(_stat_id(lib))
+            break
+    return "\n".join(out)
+
+
+def _kernel_headers_identity(release: str) -> str:
+    """Where bcc finds the kernel headers, and which ones they are."""
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("BCC_"))
+    dirs = [os.environ.get("BCC_KERNEL_SOURCE", "")] + [
+        f"/lib/modules/{release}/{d}" for d in ("build", "source")]
+    out = [repr(env)]
+    for d in dirs:
+        if not d:
+            continue
+        out.append(os.path.realpath(d))
+        for f in ("Makefile", "include/generated/autoconf.h", "include/generated/uapi/linux/version.h",
+                  "include/generated/utsrelease.h", "include/uapi/linux/bpf.h",
+                  "include/uapi/linux/ptrace.h"):
+            out.append(_stat_id(os.path.join(d, f)))
+    return "\n".join(out)
+
+
+def cache_key(text: str, cflags: Sequence[str], btf_path: str = BTF_VMLINUX) -> Optional[str]:
+    """The sha256 of everything bcc's compile of text with cflags depends
+    on; None when the kernel's BTF (its identity) cannot be read."""
+    h = hashlib.sha256()
+
+    def part(tag: str, data) -> None:
+        data = data if isinstance(data, bytes) else str(data).encode()
+        h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    part("format", FORMAT)
+    part("text", text)
+    for f in cflags:
+        part("cflag", f)
+    for f in cflags:
+        if f.startswith("-I") and os.path.isdir(f[2:]):
+            d = f[2:]
+            for name in sorted(os.listdir(d)):
+                p = os.path.join(d, name)
+                if name.endswith((".h", ".c")) and os.path.isfile(p):
+                    with open(p, "rb") as fh:
+                        part("include " + name, fh.read())
+    try:
+        part("btf", file_sha256(btf_path))
+    except OSError:
+        return None
+    u = os.uname()
+    part("uname", f"{u.sysname}\n{u.release}\n{u.version}\n{u.machine}")
+    part("headers", _kernel_headers_identity(u.release))
+    part("bcc", _bcc_identity())
+    try:
+        with open("/sys/devices/system/cpu/possible") as f:
+            part("cpus", f.read().strip())
+    except OSError:
+        part("cpus", "?")
+    return h.hexdigest()
+
+
+# -- cache files --------------------------------------------------------------------------------------
+def default_cache_dir() -> Optional[str]:
+    return cachedir.cache_dir("bpf")
+
+
+safe_dir = cachedir.safe_dir
+
+
+def serialize(entry: dict) -> bytes:
+    body = json.dumps(entry, separators=(",", ":"), sort_keys=True).encode()
+    head = f"{FORMAT} {hashlib.sha256(body).hexdigest()} {len(body)}\n".encode()
+    return MAGIC + head + body
+
+
+def parse(data: bytes, key: Optional[str] = None) -> dict:
+    """The entry in data, checked whole (raises CacheError)."""
+    if not data.startswith(MAGIC):
+        raise CacheError("not a pyoffcpu BPF cache file" if data else "empty")
+    head, sep, body = data[len(MAGIC):].partition(b"\n")
+    fields = head.split()
+    if not sep or len(fields) != 3:
+        raise CacheError("truncated header")
+    if fields[0] != str(FORMAT).encode():
+        raise CacheError(f"format {fields[0].decode(errors='replace')}, not {FORMAT}")
+    try:
+        size = int(fields[2])
+    except ValueError:
+        raise CacheError("corrupt header") from None
+    if len(body) != size:
+        raise CacheError(f"truncated ({len(body)} of {size} bytes)" if len(body) < size
+                         else "longer than its header says")
+    if hashlib.sha256(body).hexdigest().encode() != fields[1]:
+        raise CacheError("checksum mismatch")
+    try:
+        entry = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise CacheError(f"corrupt ({e})") from None
+    check_entry(entry, key)
+    return entry
+
+
+def check_entry(entry, key: Optional[str]) -> None:
+    """The entry's shape, every map reference included (a program is only
+    ever patched where bcc put a map's fd)."""
+    try:
+        if key is not None and entry["key"] != key:
+            raise CacheError("made for another key")
+        maps = {}
+        for m in entry["maps"]:
+            for f in ("type", "key_size", "value_size", "max_entries", "flags"):
+                if not isinstance(m[f], int) or m[f] < 0:
+                    raise CacheError(f"map {m.get('name')}: bad {f}")
+            if not isinstance(m["name"], str) or not isinstance(m["key_desc"], str) \
+                    or not isinstance(m["leaf_desc"], str):
+                raise CacheError("bad map")
+            maps[m["name"]] = m
+        for m in entry["maps"]:
+            inner = m.get("inner")
+            if (m["type"] == BPF_MAP_TYPE_ARRAY_OF_MAPS) != (inner is not None) or (
+                    inner is not None and (inner not in maps or maps[inner].get("inner"))):
+                raise CacheError(f"map {m['name']}: bad inner map")
+        if not isinstance(entry["license"], str) or not isinstance(entry.get("kern_version", 0), int):
+            raise CacheError("bad license")
+        for p in entry["programs"]:
+            code = base64.b64decode(p["insns"], validate=True)
+            if not code or len(code) % 8:
+                raise CacheError(f"program {p['name']}: {len(code)} bytes of instructions")
+            n = len(code) // 8
+            for idx, mname in p["maps"]:
+                if mname not in maps or not isinstance(idx, int) or not 0 <= idx < n - 1:
+                    raise CacheError(f"program {p['name']}: bad map reference")
+                op, regs = code[idx * 8], code[idx * 8 + 1]
+                if op != LD_IMM64 or regs >> 4 not in (PSEUDO_MAP_FD, PSEUDO_MAP_VALUE):
+                    raise CacheError(f"program {p['name']}: map reference at no map load")
+    except CacheError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CacheError(f"malformed ({type(e).__name__}: {e})") from None
+
+
+def read_entry(path: str, key: str) -> Optional[dict]:
+    """None: no entry.  Raises CacheError for one that cannot be used."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CacheError(f"unreadable ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise CacheError("not ours, or writable by others")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read()
+    except OSError as e:
+        raise CacheError(f"unreadable ({e.strerror})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    entry = parse(data, key)
+    try:
+        os.utime(path)                  # recently used: kept by _prune
+    except OSError:
+        pass
+    return entry
+
+
+def write_entry(directory: str, path: str, entry: dict) -> None:
+    if not cachedir.write_private(path, serialize(entry)):
+        return
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".bpf")]
+        if len(names) > MAX_FILES:
+            names.sort(key=lambda n: os.stat(os.path.join(directory, n)).st_mtime)
+            for n in names[:len(names) - MAX_FILES]:
+                os.unlink(os.path.join(directory, n))
+    except OSError:
+        pass
+
+
+# -- compiling with bcc ---------------------------------------------------------------------------------
+def compile_entry(text: str, cflags: Sequence[str]) -> dict:
+    """bcc's compile of text (clang), as an entry: every function's
+    instructions with its map references named, every map's attributes and
+    type descriptions.  Imports bcc (LLVM): run it in a child process."""
+    import bcc
+    from bcc import libbcc
+    lib = libbcc.lib
+    for fn, res, args in (("bpf_num_tables", ct.c_size_t, [ct.c_void_p]),
+                          ("bpf_table_name", ct.c_char_p, [ct.c_void_p, ct.c_size_t]),
+                          ("bpf_table_fd_id", ct.c_int, [ct.c_void_p, ct.c_size_t]),
+                          ("bpf_table_key_desc_id", ct.c_char_p, [ct.c_void_p, ct.c_size_t]),
+                          ("bpf_table_leaf_desc_id", ct.c_char_p, [ct.c_void_p, ct.c_size_t])):
+        getattr(lib, fn).restype = res
+        getattr(lib, fn).argtypes = args
+    class CompileOnly(bcc.BPF):
+        def _trace_autoload(self):
+            """Compile only: the caller loads and attaches (bcc.BPF would load
+            and attach the raw_tracepoint__ functions here)."""
+    b = CompileOnly(text=text.encode(), cflags=list(cflags))
+    try:
+        return _dump(b, lib)
+    finally:
+        b.cleanup()
+
+
+def _dump(b, lib) -> dict:
+    mod = b.module
+    maps, by_fd = [], {}
+    for i in range(lib.bpf_num_tables(mod)):
+        name = lib.bpf_table_name(mod, i).decode()
+        fd = lib.bpf_table_fd_id(mod, i)
+        mtype, ks, vs, me, flags, _ = map_info(fd)
+        maps.append({"name": name, "type": mtype, "key_size": ks, "value_size": vs,
+                     "max_entries": me, "flags": flags,
+                     "key_desc": (lib.bpf_table_key_desc_id(mod, i) or b"").decode(),
+                     "leaf_desc": (lib.bpf_table_leaf_desc_id(mod, i) or b"").decode()})
+        by_fd[fd] = name
+    names = {m["name"] for m in maps}
+    for m in maps:                      # bcc gives no name of an array of maps' template
+        if m["type"] == BPF_MAP_TYPE_ARRAY_OF_MAPS:
+            m["inner"] = m["name"] + INNER_SUFFIX
+            if m["inner"] not in names:
+                raise BpfError(f"array of maps {m['name']}: its template must be named {m['inner']}")
+    progs = []
+    for i in range(lib.bpf_num_functions(mod)):
+        fname = lib.bpf_function_name(mod, i)
+        code = b.dump_func(fname)
+        refs = []
+        for j in range(len(code) // 8):
+            op, regs = code[j * 8], code[j * 8 + 1]
+            if op == LD_IMM64 and regs >> 4:
+                imm = struct.unpack_from("<i", code, j * 8 + 4)[0]
+                if regs >> 4 not in (PSEUDO_MAP_FD, PSEUDO_MAP_VALUE) or imm not in by_fd:
+                    raise BpfError(f"{fname.decode()}: an ld_imm64 (src_reg {regs >> 4}) that is "
+                                   "no map of this module")
+                refs.append([j, by_fd[imm]])
+        progs.append({"name": fname.decode(), "insns": base64.b64encode(code).decode(),
+                      "maps": refs})
+    return {"format": FORMAT, "license": lib.bpf_module_license(mod).decode(),
+            "kern_version": int(lib.bpf_module_kern_version(mod)), "maps": maps,
+            "programs": progs}
+
+
+def one_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else type(e).__name__
+
+
+def compile_in_child(text: str, cflags: Sequence[str]) -> dict:
+    """compile_entry in a forked child: clang's hundred-odd MiB never enter
+    this process.  bcc's own diagnostics go to stderr as before."""
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return compile_entry(text, cflags)
+    if pid == 0:                                        # the child
+        status = 1
+        try:
+            os.close(r)
+            try:
+                out = b"K" + json.dumps(compile_entry(text, cflags)).encode()
+            except BaseException as e:                  # noqa: BLE001 (reported to the parent)
+                out = b"E" + (one_line(e) if not isinstance(e, ImportError)
+                              else "bcc (python3-bpfcc) is not installed").encode()
+            view = memoryview(out)
+            while view:
+                view = view[os.write(w, view):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(w)
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        _, st = os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    if data[:1] == b"E":
+        raise BpfError(data[1:].decode(errors="replace"))
+    if data[:1] != b"K":
+        why = (f"signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st)
+               else f"status {os.waitstatus_to_exitcode(st)}")
+        raise BpfError(f"the BPF compiler (bcc) ended with {why}")
+    return json.loads(data[1:])
