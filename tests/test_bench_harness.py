@@ -291,20 +291,23 @@ def _longrun(hook: bool) -> dict:
 
 
 def test_render_longrun_with_and_without_the_stats_file():
-    import run
-    text = "\n".join(run.render_longrun(_longrun(hook=False), None))
+    import case_allprocs  # noqa: F401
+    import case_longrun  # noqa: F401
+    import common  # noqa: F401
+    import run  # noqa: F401
+    text = "\n".join(case_longrun.render_longrun(_longrun(hook=False), None))
     assert "counted by the bench" in text
     assert "| thread_names |    65536 | 3060 | 18030 | 26400 |" in text
     assert "nstack incomplete" in text and "**PASS**" in text
     assert "518014 lines, 290 MiB, 32314 thread roots" in text
     assert "would grow 945 MiB after its first minute (MISS projected)" in text
     assert "TIDs come round every 18 s" in text
-    text = "\n".join(run.render_longrun(_longrun(hook=True), None))
+    text = "\n".join(case_longrun.render_longrun(_longrun(hook=True), None))
     assert "(from PYOFFCPU_STATS_FILE)" in text
     assert "| thread_names |    65536 |    5 |    5 |    5 |" in text
     assert "native stack incomplete" in text and "nstack incomplete" not in text
     assert "|        1000 |           12 |     3 |" in text
-    rows = run.targets_summary(run.Results(longrun=_longrun(hook=True)))
+    rows = run.targets_summary(common.Results(longrun=_longrun(hook=True)))
     assert rows[-1][1:] == ["<= 150", "49", "PASS"]
 
 
@@ -332,7 +335,7 @@ def test_maps_memlock_counts_each_map_once():
     assert harness.maps_memlock([]) == (0, 0)
 
 
-# -- case 12 helpers (tools/bench/run.py) ----------------------------------------------------------
+# -- case 12 helpers (tools/bench/case_allprocs.py) ----------------------------------------------------------
 SYSTEM_WIDE_STDERR = """pyoffcpu: recording every process (cpu mode, 99 Hz, 20 s)
 pyoffcpu: notice: -a: 186 processes, 105 Python interpreters found (84 processes without one)
 pyoffcpu: notice: 51 samples of 16 Python processes came before they were registered: native frames only
@@ -342,20 +345,26 @@ pyoffcpu: drops: none
 
 
 def test_parse_system_wide():
-    import run
-    d = run.parse_system_wide(SYSTEM_WIDE_STDERR)
+    import case_allprocs  # noqa: F401
+    import case_longrun  # noqa: F401
+    import common  # noqa: F401
+    import run  # noqa: F401
+    d = case_allprocs.parse_system_wide(SYSTEM_WIDE_STDERR)
     assert (d["processes"], d["pythons"], d["without"]) == (186, 105, 84)
     assert (d["late_samples"], d["late_processes"]) == (51, 16)
     assert d["recorded_processes"] == 181
     assert d["versions"] == ["3.11.2", "3.11.7", "3.9.18"]
-    d = run.parse_system_wide("pyoffcpu: recorded 1.0 s of system-wide (3 processes): 0 samples\n")
+    d = case_allprocs.parse_system_wide("pyoffcpu: recorded 1.0 s of system-wide (3 processes): 0 samples\n")
     assert d["processes"] is None and d["late_samples"] == 0
     assert d["recorded_processes"] == 3 and d["versions"] == []
-    assert run.parse_system_wide("")["recorded_processes"] is None
+    assert case_allprocs.parse_system_wide("")["recorded_processes"] is None
 
 
 def test_process_roots_python_frames():
-    import run
+    import case_allprocs  # noqa: F401
+    import case_longrun  # noqa: F401
+    import common  # noqa: F401
+    import run  # noqa: F401
     folded = [
         "process 10 python3.11;thread 10 python3.11;_start;idle_sleep_loop (fleet.py:77);blip (fleet.py:70) 3000",
         "process 10 python3.11;thread 10 python3.11;_start;clock_nanosleep;hrtimer_nanosleep_[k] 1000",
@@ -369,7 +378,7 @@ def test_process_roots_python_frames():
         "garbage",
         "",
     ]
-    roots = run.process_roots(folded)
+    roots = case_allprocs.process_roots(folded)
     assert set(roots) == {10, 11, 12, 13, 14}
     assert roots[10] == {"stacks": 2, "weight": 4000, "python_stacks": 1, "python_weight": 3000}
     assert roots[11]["stacks"] == 1 and roots[11]["python_stacks"] == 0
@@ -379,14 +388,17 @@ def test_process_roots_python_frames():
 
 
 def test_all_pythons_paths_and_pyenv(tmp_path, monkeypatch):
-    import run
+    import case_allprocs  # noqa: F401
+    import case_longrun  # noqa: F401
+    import common  # noqa: F401
+    import run  # noqa: F401
     exe = tmp_path / "versions" / "3.12.1" / "bin" / "python3.12"
     exe.parent.mkdir(parents=True)
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
     monkeypatch.setenv("PATH", "/nonexistent")            # no pyenv to ask: $PYENV_ROOT's versions
-    found, missing = run.all_pythons(f"pyenv:3.12.1, {exe}, /nonexistent/python9, pyenv:2.1.0,")
+    found, missing = case_allprocs.all_pythons(f"pyenv:3.12.1, {exe}, /nonexistent/python9, pyenv:2.1.0,")
     assert found == [str(exe), str(exe)]
     assert missing == ["/nonexistent/python9", "pyenv:2.1.0"]
 
@@ -417,8 +429,11 @@ def _allprocs(with_pairs=True):
 
 
 def test_render_allprocs_and_targets():
-    import run
-    text = "\n".join(run.render_allprocs(_allprocs()))
+    import case_allprocs  # noqa: F401
+    import case_longrun  # noqa: F401
+    import common  # noqa: F401
+    import run  # noqa: F401
+    text = "\n".join(case_allprocs.render_allprocs(_allprocs()))
     assert "beside 50 Python processes" in text
     assert "| own CPU, 2–12 s after `recording` (% of one core) " in text
     assert "|               13.71 |    <= 1 | MISS |" in text
@@ -427,9 +442,9 @@ def test_render_allprocs_and_targets():
     assert "of the 2 long-lived processes 1 sampled, 1 with Python frames" in text
     assert "| /usr/bin/python3.11 (3.11.2)   |         1 |            0 |            0 |" in text
     assert "0.998 (0.970–1.080)" in text
-    rows = run.targets_summary(run.Results(allprocs=_allprocs()))
+    rows = run.targets_summary(common.Results(allprocs=_allprocs()))
     assert rows[0][1:] == ["<= 1%", "13.71%", "MISS"]
     assert rows[1][1:] == ["<= 1.01", "1.004", "PASS"]
-    rows = run.targets_summary(run.Results(allprocs=_allprocs(with_pairs=False)))
+    rows = run.targets_summary(common.Results(allprocs=_allprocs(with_pairs=False)))
     assert len(rows) == 1
-    assert "Slowdown" not in "\n".join(run.render_allprocs(_allprocs(with_pairs=False)))
+    assert "Slowdown" not in "\n".join(case_allprocs.render_allprocs(_allprocs(with_pairs=False)))

@@ -13,7 +13,8 @@ from pyoffcpu.export import FORMATS, check_writable, format_for_path, write_prof
 from pyoffcpu.export.folded import render_folded
 from pyoffcpu.export.speedscope import render_speedscope
 from pyoffcpu.export.svg import render_svg
-from pyoffcpu.profile.model import OFF_RUNQUEUE, OFF_SLEEP, OFF_DISK, TRUNCATED, Profile, StackKey, from_folded, kernel_frame, native_frame, python_frame
+from pyoffcpu.profile.model import (OFF_RUNQUEUE, OFF_SLEEP, OFF_DISK, TRUNCATED, Profile,
+                                    StackKey, from_folded, kernel_frame, native_frame, python_frame)
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 SITE = "/usr/lib/python3.11/site-packages/app/cli.py"

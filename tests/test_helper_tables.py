@@ -17,7 +17,7 @@ from pyoffcpu.native import helper
 from pyoffcpu.native.elffile import ElfCache
 from pyoffcpu.native.unwind import prologue
 from pyoffcpu.native.unwind import table as T
-from test_nocfi_bpf import extensions, stripped  # noqa: F401 - fixtures: nocfi.so built as that test builds it
+from test_nocfi_bpf import (extensions, stripped)  # noqa: F401 - fixtures: nocfi.so built as that test builds it
 from test_numpy_bpf import NUMPY, ORT
 
 LIBCRYPTO = "/usr/lib/x86_64-linux-gnu/libcrypto.so.3"

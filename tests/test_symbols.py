@@ -9,7 +9,9 @@ import time
 import pytest
 
 from pyoffcpu.native import symbols
-from pyoffcpu.native.symbols import AddressSpace, ElfSymbols, KernelSymbols, Mapping, NativeSymbol, Symbolizer, demangle, find_symbol_address, parse_maps, read_maps, runtime_address
+from pyoffcpu.native.symbols import (AddressSpace, ElfSymbols, KernelSymbols, Mapping,
+                                     NativeSymbol, Symbolizer, demangle, find_symbol_address,
+                                     parse_maps, read_maps, runtime_address)
 
 CFLAGS = ["-O2", "-fomit-frame-pointer"]
 
@@ -439,7 +441,9 @@ def test_pyruntime_shared_libpython():
 # ---------------------------------------------------------------------------
 # Debug files: $PYOFFCPU_DEBUG_DIRS, and the target's own root first.
 # ---------------------------------------------------------------------------
-from pyoffcpu.native.symbols import DEBUG_DIRS_ENV, DEFAULT_DEBUG_DIRS, ModuleSymbols, _debug_candidates, _open_image, debug_dirs_from_env, target_root
+from pyoffcpu.native.symbols import (DEBUG_DIRS_ENV, DEFAULT_DEBUG_DIRS, ModuleSymbols,  # noqa: E402
+                                     _debug_candidates, _open_image, debug_dirs_from_env,
+                                     target_root)
 
 ROOTED_C = r"""
 #include <stdio.h>

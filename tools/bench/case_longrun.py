@@ -10,7 +10,8 @@ from harness import (checkpoints, counts_by_checkpoint, fmt_bytes, fmt_clock, fm
                      latest_before, linear_slope, markdown_table, parse_drop_defines, parse_drops_line,
                      parse_stats_lines, rss_growth, verdict)
 
-from common import Proc, ROOT, Results, THREADSERVER, Tools, bpfstats, end_server, log, proc_reading, read_file, server_stats
+from common import (Proc, ROOT, Results, THREADSERVER, Tools, bpfstats, end_server, log,
+                    proc_reading, read_file, server_stats)
 
 
 # -- case 9: a long run of a server that starts a thread per request ---------------------------------

@@ -17,7 +17,8 @@ import sys
 import time
 
 from pyoffcpu.export import write_profile
-from pyoffcpu.profile.model import OFF_RUNQUEUE, OFF_SLEEP, OFF_DISK, Metadata, Profile, StackKey, kernel_frame, native_frame, python_frame
+from pyoffcpu.profile.model import (OFF_RUNQUEUE, OFF_SLEEP, OFF_DISK, Metadata, Profile, StackKey,
+                                    kernel_frame, native_frame, python_frame)
 
 PID = 4242
 THREADS = [PID] + [PID + i for i in range(1, 8)]

@@ -25,6 +25,10 @@ parsed files are kept by *file identity*, never by path:
 One process runs one session, so ``default_cache()`` is that session's cache;
 whoever needs another (a test counting parses) builds an ``ElfCache`` and
 hands it to ``Symbolizer`` / ``NativeUnwinder``.
+
+Over 600 lines and one job: reading ELF files as pyelftools reads them
+(the same checks, names and failures, the compiled helper's contract),
+once per file identity.
 """
 from __future__ import annotations
 

@@ -19,6 +19,10 @@ Pieces, in the order a user address flows through them:
   resolves kernel addresses through ``KernelSymbols`` (``/proc/kallsyms``).
 * ``find_symbol_address`` / ``runtime_address``: locate a data symbol such as
   ``_PyRuntime`` in a running process.
+
+Over 600 lines and one job: naming a user or kernel address, from the
+process's maps to the function's demangled name; each piece below is the
+next step of the one before.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ from . import demangle as _demangle
 from . import symindex
 
 # ELF symbol types, bindings and special section indices are elffile's.
-from .elffile import ADDRESS_TYPES as _ADDRESS_TYPES, FUNC_TYPES as _FUNC_TYPES, SHN_ABS, SHN_LORESERVE, SHN_UNDEF, STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC, STT_GNU_IFUNC, STT_NOTYPE, STT_OBJECT, STT_TLS, ElfCache, ElfFile, LoadSegment, default_cache, load_bias, segment_for_offset
+from .elffile import (ADDRESS_TYPES as _ADDRESS_TYPES, FUNC_TYPES as _FUNC_TYPES, SHN_ABS,  # noqa: F401 (STT_* and SHN_* re-exported)
+                      SHN_LORESERVE, SHN_UNDEF, STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC,
+                      STT_GNU_IFUNC, STT_NOTYPE, STT_OBJECT, STT_TLS, ElfCache, ElfFile,
+                      LoadSegment, default_cache, load_bias, segment_for_offset)
 
 __all__ = [
     "AddressSpace", "DEBUG_DIRS_ENV", "ElfSymbols", "KernelSymbols",

@@ -16,7 +16,8 @@ from . import table as T
 
 from ...collect.bpfdefs import MAX_NATIVE_DEPTH as MAX_DEPTH
 from ...collect.bpfdefs import METHOD_FP, METHOD_PROLOGUE, METHOD_TABLE, METHODS, with_methods
-from ...collect.bpfdefs import NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PENDING, NST_PROLOGUE, NST_TRUNCATED, NST_UNMAPPED
+from ...collect.bpfdefs import (NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PENDING, NST_PROLOGUE,
+                                NST_TRUNCATED, NST_UNMAPPED)
 
 # (start, end, runtime address of table pc 0, table) per executable mapping;
 # table None: it is still being made (build.py), the walk stops there;
