@@ -21,8 +21,13 @@ def write(path, data=b"x"):
         f.write(data)
 
 
-def entry(t, rel, size):
-    return {"time": t, "host": "h", "pid": 1, "name": "p", "files": {"svg": {"path": rel, "bytes": size}}}
+def entry(t, rel, size, d=None):
+    """An index entry as snapshot writes it: the file's size and, when d has
+    the file, its inode (retention deletes only the file it wrote)."""
+    f = {"path": rel, "bytes": size}
+    if d is not None and os.path.isfile(os.path.join(d, rel)):
+        f["inode"] = os.stat(os.path.join(d, rel)).st_ino
+    return {"time": t, "host": "h", "pid": 1, "name": "p", "files": {"svg": f}}
 
 
 # -- retention, without BPF ------------------------------------------------------------
@@ -34,8 +39,8 @@ def test_retention_deletes_only_what_the_index_lists(tmp_path):
         write(os.path.join(d, rel), b"x" * size)
     write(os.path.join(d, "h/2026-11-01/mine.txt"))             # not ours: stays
     write(str(tmp_path.parent / "outside.svg"))
-    index = {"entries": [entry(now - 30 * 86400, old, 10), entry(now - 2 * 86400, big, 3 << 20),
-                         entry(now - 3600, new, 10), entry(now - 40 * 86400, "../outside.svg", 1)],
+    index = {"entries": [entry(now - 30 * 86400, old, 10, d), entry(now - 2 * 86400, big, 3 << 20, d),
+                         entry(now - 3600, new, 10, d), entry(now - 40 * 86400, "../outside.svg", 1, d)],
              "runs": []}
     deleted = S.apply_retention(d, index, keep_days=7, max_total_mb=1, now=now)
     # the old one by age, the big one by size (oldest first), never the file outside DIR

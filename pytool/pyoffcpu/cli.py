@@ -9,6 +9,7 @@ import click
 
 from . import __version__
 from .collect.platform import ProfilerError
+from .terminal import echo
 
 RECORD_EPILOG = """\b
 Examples:
@@ -63,7 +64,7 @@ def main():
 
 
 def fail(msg: str, todo: str = "", code: int = 1):
-    click.echo(ProfilerError(msg, todo).line(), err=True)
+    echo(ProfilerError(msg, todo).line(), err=True)
     sys.exit(code)
 
 
@@ -183,7 +184,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
         from .commands.record import record as run_record
         run_record(opts, output, fmt, not no_threads, full_paths, only_reasons)
     except ProfilerError as e:
-        click.echo(e.line(), err=True)
+        echo(e.line(), err=True)
         sys.exit(1)
 
 
@@ -253,7 +254,7 @@ def snapshot(directory, pids, match, gpu, duration, frequency, mode, formats, ke
         argv += ["-d", f"{duration:g}", "-F", str(frequency), "--mode", mode, "--format", ",".join(fmts),
                  "--keep-days", f"{keep_days:g}"]
         argv += ["--max-total-mb", f"{max_total_mb:g}"] if max_total_mb is not None else []
-        click.echo(S.schedule_text(argv, every), nl=False)
+        echo(S.schedule_text(argv, every), nl=False)
         return
     opts = S.SnapshotOptions(os.path.abspath(directory), list(pids), match, gpu, duration, frequency,
                              mode, fmts, keep_days, max_total_mb)
@@ -261,17 +262,17 @@ def snapshot(directory, pids, match, gpu, duration, frequency, mode, formats, ke
     try:
         code = S.run(opts, errors)
     except S.Locked as e:
-        click.echo(e.line(), err=True)
+        echo(e.line(), err=True)
         sys.exit(S.EXIT_LOCKED)
     except ProfilerError as e:
         for line in errors:
-            click.echo(f"pyoffcpu: error: {line}", err=True)
-        click.echo(e.line(), err=True)
+            echo(f"pyoffcpu: error: {line}", err=True)
+        echo(e.line(), err=True)
         sys.exit(1)
     except OSError as e:
         fail(f"cannot use {directory}: {e.strerror or e}")
     for line in errors:
-        click.echo(f"pyoffcpu: error: {line}", err=True)
+        echo(f"pyoffcpu: error: {line}", err=True)
     sys.exit(code)
 
 
@@ -298,7 +299,7 @@ def report(directory, output):
         fail(e.what, e.todo)
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror or e}")
-    click.echo(f"pyoffcpu: wrote {output}", err=True)
+    echo(f"pyoffcpu: wrote {output}", err=True)
 
 
 def _own_executable() -> str:
@@ -345,10 +346,10 @@ def dump(pid, native, as_json, subprocesses):
                 fail(f"cannot read process {pid}: {e.strerror or e}")
     if as_json:
         import json
-        click.echo(json.dumps([d.as_dict() for d in dumps] if subprocesses else dumps[0].as_dict(),
+        echo(json.dumps([d.as_dict() for d in dumps] if subprocesses else dumps[0].as_dict(),
                               indent=1))
     else:
-        click.echo("\n\n".join(D.render_text(d) for d in dumps))
+        echo("\n\n".join(D.render_text(d) for d in dumps))
 
 
 TOP_EPILOG = """\b
@@ -405,7 +406,7 @@ def top(pids, all_, mode, frequency, once):
         if once:
             signal.signal(signal.SIGINT, on_signal)
             why, screen = T.run(session, title, once=True, multi=all_ or len(pids) > 1)
-            click.echo("\n".join(screen))
+            echo("\n".join(screen))
             return
         import curses
 
@@ -418,8 +419,8 @@ def top(pids, all_, mode, frequency, once):
     except ProfilerError as e:
         fail(e.what, e.todo)
     if why not in ("quit", "SIGINT", "SIGTERM"):
-        click.echo("\n".join(screen))
-        click.echo(f"pyoffcpu top: {why}", err=True)
+        echo("\n".join(screen))
+        echo(f"pyoffcpu top: {why}", err=True)
 
 
 DIFF_EPILOG = """\b
@@ -465,8 +466,8 @@ def diff(a, b, output, shape, full_paths):
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror or e}")
     for points, where in largest_changes(*profiles, full_paths=full_paths):
-        click.echo(f"  {points:+6.1f} points  {where}", err=True)
-    click.echo(f"pyoffcpu: wrote {output} (differential flame graph, {shape.upper()}'s widths)", err=True)
+        echo(f"  {points:+6.1f} points  {where}", err=True)
+    echo(f"pyoffcpu: wrote {output} (differential flame graph, {shape.upper()}'s widths)", err=True)
 
 
 if __name__ == "__main__":

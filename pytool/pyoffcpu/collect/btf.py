@@ -412,11 +412,11 @@ def member_offsets(path: str, members, cache_dir: str | None = "default") -> lis
         file = None                         # offsets steer BPF's reads: only from our own directory
     if file and not all(n in known for n in names):
         try:
-            with open(file) as f:
-                disk = json.load(f)
+            with open(file, "rb") as f:     # offsets of a few members: a few KiB
+                disk = json.loads(f.read(1 << 20))
             known.update({k: v for k, v in disk.items() if isinstance(k, str) and type(v) is int})
-        except (OSError, ValueError, AttributeError):
-            pass                            # absent or unreadable: parsed below
+        except (OSError, ValueError, AttributeError, RecursionError):
+            pass                            # absent, unreadable or not ours: parsed below
     missing = [(n, st, m) for n, (st, m) in zip(names, members) if n not in known]
     if missing:
         btf = Btf.load(path)

@@ -11,10 +11,9 @@ import sys
 import time
 from typing import Optional
 
-import click
-
 from ..collect import platform as plat
 from ..collect.platform import ProfilerError
+from ..terminal import echo
 from ..collect.session import Session
 from ..export import write_profile_or_fallback
 from ..native import symbols
@@ -39,10 +38,10 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
               else " ".join(opts.command))
 
     def started():
-        click.echo(f"pyoffcpu: recording {target} ({opts.mode} mode, {opts.frequency} Hz"
+        echo(f"pyoffcpu: recording {target} ({opts.mode} mode, {opts.frequency} Hz"
                    + (f", {opts.duration:g} s" if opts.duration else ", Ctrl-C to stop") + ")", err=True)
         for notice in session.start_notices:
-            click.echo(f"pyoffcpu: notice: {notice}", err=True)
+            echo(f"pyoffcpu: notice: {notice}", err=True)
     session = Session(opts, platform, status=status_line if sys.stderr.isatty() else None,
                       started=started)
 
@@ -55,7 +54,7 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     for notice in rec.notices:
-        click.echo(f"pyoffcpu: notice: {notice}", err=True)
+        echo(f"pyoffcpu: notice: {notice}", err=True)
 
     ksyms = symbols.KernelSymbols.load() if opts.kernel else None
     prof, stats = build_profile(rec, symbols.Symbolizer(), ksyms)
@@ -80,7 +79,7 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
 
     samples, blocked = rec.totals()
     py = f", CPython {prof.meta.python_version}" if prof.meta.python_version else ""
-    click.echo(f"pyoffcpu: recorded {rec.duration_s:.1f} s of {prof.meta.target} ({comm}{py}): "
+    echo(f"pyoffcpu: recorded {rec.duration_s:.1f} s of {prof.meta.target} ({comm}{py}): "
                f"{samples} samples, {blocked / 1e9:.2f} s off-CPU"
                + ("; the process exited" if session.stop_reason == "target exited" and not opts.command else ""),
                err=True)
@@ -89,42 +88,42 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
         def lost(k):
             ns = rec.drops_ns.get(k, 0)
             return f" ({ns / 1e6:.1f} ms)" if ns else ""
-        click.echo("pyoffcpu: drops: " + ", ".join(f"{k} {v}{lost(k)}" for k, v in sorted(drops.items())),
+        echo("pyoffcpu: drops: " + ", ".join(f"{k} {v}{lost(k)}" for k, v in sorted(drops.items())),
                    err=True)
     else:
-        click.echo("pyoffcpu: drops: none", err=True)
+        echo("pyoffcpu: drops: none", err=True)
     n_out, ns_out = rec.block_filtered
     if opts.min_block_ns or opts.max_block_ns:
-        click.echo(f"pyoffcpu: {n_out} waits ({ns_out / 1e9:.2f} s) outside --min-block-us/"
+        echo(f"pyoffcpu: {n_out} waits ({ns_out / 1e9:.2f} s) outside --min-block-us/"
                    "--max-block-us left out", err=True)
     if stats.python_ns:
-        click.echo(f"pyoffcpu: native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
+        echo(f"pyoffcpu: native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
                    "of the Python time (native frames above the interpreter only)", err=True)
     if stats.pending_ns and stats.native_ns:
         libs = sorted(stats.pending_libs.items(), key=lambda kv: -kv[1])
         named = ", ".join(f"{name} {ns / 1e9:.2f} s" for name, ns in libs[:3]) + (", ..." if len(libs) > 3 else "")
-        click.echo(f"pyoffcpu: native table not ready: {stats.pending_ns / 1e9:.2f} s "
+        echo(f"pyoffcpu: native table not ready: {stats.pending_ns / 1e9:.2f} s "
                    f"({100 * stats.pending_ns / stats.native_ns:.1f}% of the native-stack time) stopped at a "
                    f"library whose unwind table was still being made ({named}); "
                    "those stacks start with [native table not ready]", err=True)
     if stats.jit_ns and stats.native_ns:
-        click.echo(f"pyoffcpu: native stacks that end in code made at run time ([jit]): {stats.jit_ns / 1e9:.2f} s "
+        echo(f"pyoffcpu: native stacks that end in code made at run time ([jit]): {stats.jit_ns / 1e9:.2f} s "
                    f"({100 * stats.jit_ns / stats.native_ns:.1f}% of the native-stack time); nothing says "
                    "where its frames are, so the walk stops there and its Python frames stay", err=True)
     if stats.prologue_ns or stats.framepointer_ns:
         share = lambda ns: f"{100 * ns / stats.native_ns:.0f}%" if stats.native_ns else "0%"   # noqa: E731
-        click.echo(f"pyoffcpu: native stacks through code without CFI: {share(stats.prologue_ns)} of the "
+        echo(f"pyoffcpu: native stacks through code without CFI: {share(stats.prologue_ns)} of the "
                    f"time needed rows from prologue analysis, {share(stats.framepointer_ns)} frame pointers",
                    err=True)
         frames = sum(stats.method_frame_ns.values())
         if frames:
             by = ", ".join(f"{label} {100 * stats.method_frame_ns.get(name, 0) / frames:.1f}%" for name, label in
                            (("cfi", "CFI"), ("prologue", "prologue analysis"), ("frame pointer", "frame pointers")))
-            click.echo(f"pyoffcpu: native frames by how they were found (weighted by time): {by}", err=True)
-    click.echo(render_summary(prof), err=True)
+            echo(f"pyoffcpu: native frames by how they were found (weighted by time): {by}", err=True)
+    echo(render_summary(prof), err=True)
     if write_error is None:
-        click.echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)
+        echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)
     if rec.exit_status not in (None, 0):
-        click.echo(f"pyoffcpu: the command exited with status {rec.exit_status}", err=True)
+        echo(f"pyoffcpu: the command exited with status {rec.exit_status}", err=True)
     if write_error is not None:
         raise write_error

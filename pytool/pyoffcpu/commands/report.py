@@ -14,8 +14,9 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .snapshot import load_index
 
@@ -28,6 +29,22 @@ def _fmt_s(ns: int) -> str:
 
 def _esc(s) -> str:
     return html.escape(str(s), quote=True)
+
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def safe_href(link_base: str, path: str) -> Optional[str]:
+    """The link to a snapshot file, escaped for an attribute, or None: the
+    path comes from the index, a file, so only a relative path (no scheme
+    such as `javascript:`, no leading /, no `..`) becomes a link."""
+    if (not isinstance(path, str) or _SCHEME.match(path) or path.startswith(("/", "\\"))
+            or ".." in path.split("/") or any(ord(c) < 32 for c in path)):
+        return None
+    link = os.path.join(link_base, path) if link_base else path
+    if _SCHEME.match(link) and not link.lower().startswith(("http:", "https:")):
+        return None
+    return _esc(link)
 
 
 def group_entries(index: dict) -> Dict[Tuple[str, str, str], List[dict]]:
@@ -98,6 +115,9 @@ def render_report(directory: str, link_base: str = "") -> str:
       ".muted { color: #777; } .hidden { display: none; }\n"
       "</style></head><body>\n")
     w(f"<h1>pyoffcpu snapshots in {_esc(os.path.abspath(directory))}</h1>\n")
+    if index.get("dropped"):
+        w(f'<p class="muted">{index["dropped"]} entries of the index are not as pyoffcpu writes them: '
+          "left out</p>\n")
     runs = index.get("runs", [])
     last = runs[-1] if runs else None
     w(f'<p class="muted" id="overview">{len(entries)} snapshots of {len(groups)} processes, '
@@ -127,8 +147,8 @@ def render_report(directory: str, link_base: str = "") -> str:
             share = 100 * on / (on + off) if on + off else 0
             top = "<br>".join(f"{_esc(t['where'])} <span class=\"muted\">{_fmt_s(t['ns'])}</span>"
                               for t in e.get("top", [])[:TOP_SHOWN])
-            files = " ".join(f'<a href="{_esc(os.path.join(link_base, f["path"]))}">{_esc(fmt)}</a>'
-                             for fmt, f in sorted(e.get("files", {}).items()))
+            links = [(fmt, safe_href(link_base, f["path"])) for fmt, f in sorted(e.get("files", {}).items())]
+            files = " ".join(f'<a href="{href}">{_esc(fmt)}</a>' if href else _esc(fmt) for fmt, href in links)
             gpu = " GPU" if e.get("gpu") else ""
             w(f'<tr class="snap" data-day="{_esc(_day(e))}" data-process="{_esc(name)}">'
               f"<td>{_esc(time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e.get('time', 0))))}</td>"

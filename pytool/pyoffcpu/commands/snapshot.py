@@ -189,16 +189,64 @@ def _gpu_of(pid: int, nvml: Dict[int, List[dict]]) -> Dict[str, object]:
     return facts
 
 
-# -- the lock and the index ---------------------------------------------------------------
+# -- the directory, the lock and the index ---------------------------------------------------
+def _own_dir_fd(path: str, name: Optional[str] = None, dir_fd: Optional[int] = None,
+                create: bool = True) -> int:
+    """A directory root may write in: made if missing (0755), opened without
+    following a symbolic link, and checked to be a directory owned by us and
+    writable by no one else (else a user could put a symlink in it and have
+    root write or delete through it).  Raises ProfilerError (one line)."""
+    where = path if name is None else os.path.join(path, name)
+    target = where if dir_fd is None else name
+    if create:
+        try:
+            os.mkdir(target, 0o755, dir_fd=dir_fd)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise ProfilerError(f"cannot make {where}: {e.strerror}", "give another --dir") from None
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        why = "a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise ProfilerError(f"cannot use {where}: {why}",
+                            "give a directory of root's that no one else can write (--dir)") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise ProfilerError(f"cannot use {where}: owned by uid {st.st_uid}, mode {st.st_mode & 0o7777:o} "
+                            "(a directory root writes in must be its own and writable by no one else)",
+                            "chown root and chmod go-w it, or give another --dir")
+    return fd
+
+
+def check_dir(directory: str) -> None:
+    """--dir, made if missing: one line and exit 1 where root cannot write in it safely."""
+    os.close(_own_dir_fd(directory))
+
+
 class DirLock:
     """flock on DIR/.lock, not waited for: an overlapping run is refused."""
 
     def __init__(self, directory: str):
         self.path = os.path.join(directory, LOCK)
+        self.directory = directory
         self.fd = -1
 
     def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        dfd = _own_dir_fd(self.directory)
+        try:
+            self.fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except OSError as e:
+            why = "a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+            raise ProfilerError(f"cannot use {self.path}: {why}", "remove it; this run did nothing") from None
+        finally:
+            os.close(dfd)
+        import stat as _stat
+        if not _stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            self.fd = -1
+            raise ProfilerError(f"cannot use {self.path}: not a regular file", "remove it; this run did nothing")
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -220,25 +268,100 @@ class DirLock:
             self.fd = -1
 
 
+def _read_index(path: str) -> Optional[bytes]:
+    """The index's bytes (None: there is none).  It is a file in a directory
+    someone may have handed over (report): a regular file, opened without
+    blocking, read within PYOFFCPU_MAX_INPUT_MB; raises ValueError."""
+    import stat as _stat
+    from ..export.pprof import max_input_bytes
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ValueError(e.strerror or str(e)) from None
+    try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        limit = max_input_bytes()
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ValueError(f"over {limit >> 20} MiB")
+        return data
+    finally:
+        os.close(fd)
+
+
 def load_index(directory: str) -> dict:
-    data = _read(os.path.join(directory, INDEX))
+    path = os.path.join(directory, INDEX)
+    try:
+        data = _read_index(path)
+    except ValueError as e:
+        raise ProfilerError(f"{path} is not a pyoffcpu index ({e})", "move it away") from None
     if data is None:
         return {"version": INDEX_VERSION, "entries": [], "runs": []}
     try:
         index = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ProfilerError(f"{os.path.join(directory, INDEX)} is not a pyoffcpu index (bad JSON)",
                             "move it away; files it listed are no longer managed") from None
     if not isinstance(index, dict) or not isinstance(index.get("entries"), list):
         raise ProfilerError(f"{os.path.join(directory, INDEX)} is not a pyoffcpu index")
-    index.setdefault("runs", [])
+    entries = [e for e in index["entries"] if valid_entry(e)]
+    index["dropped"] = len(index["entries"]) - len(entries)     # read by report; not meant to be kept
+    index["entries"] = entries
+    runs = index.get("runs")
+    index["runs"] = [r for r in runs if isinstance(r, dict) and _num(r.get("time"))] \
+        if isinstance(runs, list) else []
     return index
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 1e18
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
+
+
+def valid_entry(e) -> bool:
+    """An index entry as run() writes it: the types report and retention
+    read (anything else in it is ignored).  The index is a file: one that
+    is damaged, or written by hand, gives a line, never a traceback."""
+    if not isinstance(e, dict) or not _num(e.get("time")) or not _int(e.get("pid", 0)):
+        return False
+    for k in ("host", "name", "cmdline", "python", "mode"):
+        if not isinstance(e.get(k, ""), str):
+            return False
+    for k in ("duration_s", "frequency_hz"):
+        if not _num(e.get(k, 0)):
+            return False
+    for k in ("on_cpu_ns", "off_cpu_ns", "threads"):
+        if not _int(e.get(k, 0)):
+            return False
+    reasons = e.get("off_cpu_by_reason_ns", {})
+    if not isinstance(reasons, dict) or not all(isinstance(k, str) and _int(v) for k, v in reasons.items()):
+        return False
+    top = e.get("top", [])
+    if not isinstance(top, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("where"), str) and _int(t.get("ns", 0))
+            and _int(t.get("on_cpu_ns", 0)) for t in top):
+        return False
+    files = e.get("files", {})
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(f, dict) and isinstance(f.get("path"), str)
+            and _int(f.get("bytes", 0)) for k, f in files.items()):
+        return False
+    notices = e.get("notices", [])
+    return isinstance(notices, list) and all(isinstance(n, str) for n in notices)
 
 
 def save_index(directory: str, index: dict) -> None:
     from ..export import write_bytes_atomic
+    kept = {k: v for k, v in index.items() if k != "dropped"}
     write_bytes_atomic(os.path.join(directory, INDEX),
-                       (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
+                       (json.dumps(kept, indent=1, sort_keys=True) + "\n").encode())
 
 
 def entry_bytes(entry: dict) -> int:
@@ -264,30 +387,51 @@ def apply_retention(directory: str, index: dict, keep_days: Optional[float],
             total -= entry_bytes(e)
             drop.append(e)
     deleted = []
-    root = os.path.realpath(directory)
     for e in drop:
         for f in e.get("files", {}).values():
-            path = os.path.realpath(os.path.join(directory, f["path"]))
-            if not path.startswith(root + os.sep):
-                continue                                # never outside DIR, whatever the index says
-            try:
-                os.unlink(path)
-                deleted.append(path)
-            except FileNotFoundError:
-                pass
-            d = os.path.dirname(path)
-            while d.startswith(root + os.sep):
-                try:
-                    os.rmdir(d)                         # only if empty
-                except OSError:
-                    break
-                d = os.path.dirname(d)
+            if _delete_written(directory, f):
+                deleted.append(os.path.join(directory, f["path"]))
     index["entries"] = entries
     runs = index.get("runs", [])
     if keep_days is not None:
         runs = [r for r in runs if r.get("time", 0) >= now - keep_days * 86400]
     index["runs"] = runs[-1000:]
     return deleted
+
+
+def _delete_written(directory: str, f: dict) -> bool:
+    """Delete one file the index says this tool wrote, only if it is that
+    file: DIR/HOST/DAY/NAME (no other shape), reached without following a
+    symbolic link (directory fds), a regular file whose size and inode are
+    those recorded when it was written.  Then its day and host directories
+    go if that left them empty.  Whatever the index says, nothing else."""
+    import stat as _stat
+    rel = f.get("path")
+    parts = rel.split("/") if isinstance(rel, str) else []
+    if (len(parts) != 3 or any(p in ("", ".", "..") for p in parts)
+            or not isinstance(f.get("inode"), int) or not isinstance(f.get("bytes"), int)):
+        return False
+    fds = []
+    try:
+        fds.append(os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        for name in parts[:2]:
+            fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               dir_fd=fds[-1]))
+        st = os.stat(parts[2], dir_fd=fds[-1], follow_symlinks=False)
+        if not _stat.S_ISREG(st.st_mode) or st.st_ino != f["inode"] or st.st_size != f["bytes"]:
+            return False
+        os.unlink(parts[2], dir_fd=fds[-1])
+        for i in (1, 0):                # the day, then the host: only if empty
+            try:
+                os.rmdir(parts[i], dir_fd=fds[i])
+            except OSError:
+                break
+        return True
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 # -- one run ---------------------------------------------------------------------------------
@@ -299,7 +443,7 @@ def run(opts: SnapshotOptions, errors: List[str]) -> int:
     """One snapshot; errors (one line each) go to `errors`.  The exit code:
     0 everything written, EXIT_PARTIAL something could not be, 1 nothing
     recorded; Locked / ProfilerError are raised."""
-    os.makedirs(opts.dir, exist_ok=True)
+    check_dir(opts.dir)
     with DirLock(opts.dir):
         index = load_index(opts.dir)
         started = time.time()
@@ -341,7 +485,14 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
     prof, _stats = build_profile(rec, symbols.Symbolizer())
     stamp = time.localtime(rec.start_time or time.time())
     day = os.path.join(opts.host, time.strftime("%Y-%m-%d", stamp))
-    os.makedirs(os.path.join(opts.dir, day), exist_ok=True)
+    dfd = _own_dir_fd(opts.dir)
+    try:
+        for name in day.split(os.sep):      # host, then the day: each made and checked in its parent
+            sub = _own_dir_fd(opts.dir, name, dir_fd=dfd)
+            os.close(dfd)
+            dfd = sub
+    finally:
+        os.close(dfd)
     code = 0
     pythons = {p.pid: p.version_str for p in rec.python_images}
     for t in targets:
@@ -363,7 +514,11 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
                 errors.append(f"cannot write {os.path.join(opts.dir, rel)}: {e.strerror or e}")
                 code = EXIT_PARTIAL
                 continue
-            files[fmt] = {"path": rel, "bytes": len(data)}
+            try:
+                inode = os.stat(os.path.join(opts.dir, rel), follow_symlinks=False).st_ino
+            except OSError:
+                inode = 0
+            files[fmt] = {"path": rel, "bytes": len(data), "inode": inode}
         if not files:
             continue
         on = part.total_ns(on_cpu=True)

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from ..terminal import safe
+
 VIEWS = {"o": "on-CPU", "f": "off-CPU", "w": "wall"}
 SORTS = ("time", "name")
 
@@ -156,7 +158,7 @@ def run(session, title: str, once: bool = False, stdscr=None, multi: bool = Fals
         stdscr.erase()
         for i, line in enumerate(last[:h]):
             try:
-                stdscr.addstr(i, 0, line)
+                stdscr.addstr(i, 0, safe(line))
             except curses.error:            # the bottom-right cell, a resize under way
                 pass
         stdscr.refresh()

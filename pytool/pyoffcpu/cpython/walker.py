@@ -15,6 +15,7 @@ from ..targets.memory import MemoryError_, ProcessMemory
 from .detect import PythonProcess
 
 MAX_THREADS = 4096
+MAX_INTERPRETERS = 256           # sub-interpreters walked at most
 
 Frames = List[Tuple[int, int, int]]
 
@@ -59,9 +60,15 @@ def thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, int]:
     out: Dict[int, int] = {}
     interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
     seen = 0
-    while interp and seen < MAX_THREADS:
+    # the lists are the target's memory: bounded in hops, and a node met
+    # twice (a cycle) ends its list, whatever `next` says
+    interps: set = set()
+    while interp and seen < MAX_THREADS and interp not in interps and len(interps) < MAX_INTERPRETERS:
+        interps.add(interp)
         ts = mem.u64(interp + o["interp_threads_head"])
-        while ts and seen < MAX_THREADS:
+        states: set = set()
+        while ts and seen < MAX_THREADS and ts not in states:
+            states.add(ts)
             seen += 1
             if o["tstate_native_thread_id"] >= 0:
                 tid = mem.i64(ts + o["tstate_native_thread_id"])

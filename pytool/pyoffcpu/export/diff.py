@@ -31,14 +31,19 @@ class DiffNode(_Node):
 def read_profile(path: str) -> Profile:
     """A profile from a file pyoffcpu writes and reads: folded text (.folded,
     .txt) or pprof (gzipped or not).  Raises ValueError for anything else."""
+    from .pprof import max_input_bytes
+    limit = max_input_bytes()
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path}: over {limit >> 20} MiB (PYOFFCPU_MAX_INPUT_MB)")
     name = os.path.basename(path).lower()
     if data[:2] == b"\x1f\x8b" or name.endswith((".pb.gz", ".pprof", ".pb")):
         from .pprof import from_pprof
         try:
             return from_pprof(data)
-        except (ValueError, IndexError, EOFError, OSError, gzip.BadGzipFile) as e:
+        except (ValueError, IndexError, EOFError, OSError, gzip.BadGzipFile, KeyError, TypeError,
+                OverflowError, RecursionError) as e:
             raise ValueError(f"{path}: not a pprof profile ({e})") from None
     if name.endswith(".json") or data[:1] in (b"{", b"<"):
         raise ValueError(f"{path}: speedscope and SVG files cannot be read back; "

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import gzip
 import os
-from typing import Dict, List, Tuple
+import zlib
+from typing import Dict, List, Optional, Tuple
 
 from ..profile.model import FrameKind, Profile, off_cpu_marker
 from ..native.unwind.ehframe import read_uleb    # a protobuf varint is an unsigned LEB128
@@ -223,12 +224,21 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >> 63 else v
 
 
+# fields one message may hold: a Python object each (a 2-byte field is ~40
+# bytes here), so a file made of tiny fields cannot take gigabytes
+MAX_FIELDS = 4_000_000
+
+
 def fields(data: bytes) -> Dict[int, list]:
     """One message's fields: number -> values in order (ints for varints,
     bytes for length-delimited ones); fixed32/64 are skipped."""
     out: Dict[int, list] = {}
     i, n = 0, len(data)
+    count = 0
     while i < n:
+        count += 1
+        if count > MAX_FIELDS:
+            raise ValueError(f"a message of over {MAX_FIELDS:,} fields")
         tag, i = read_uleb(data, i)
         field, wire = tag >> 3, tag & 7
         if wire == 0:
@@ -263,6 +273,33 @@ def _ints(values: list) -> List[int]:
     return out
 
 
+def max_input_bytes() -> int:
+    """What a file handed to diff or report may take in memory, read or
+    inflated (PYOFFCPU_MAX_INPUT_MB, default 256): a 1 MB .pb.gz can say it
+    inflates to gigabytes."""
+    try:
+        return max(1, int(os.environ.get("PYOFFCPU_MAX_INPUT_MB", "256"))) << 20
+    except ValueError:
+        return 256 << 20
+
+
+def inflate(data: bytes, limit: Optional[int] = None) -> bytes:
+    """gzip data inflated, at most `limit` bytes (max_input_bytes()); raises
+    ValueError past it, or on a damaged stream."""
+    limit = max_input_bytes() if limit is None else limit
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, limit)
+        if d.unconsumed_tail:
+            raise ValueError(f"it inflates to more than {limit >> 20} MiB (PYOFFCPU_MAX_INPUT_MB)")
+        out += d.flush()
+    except zlib.error as e:
+        raise ValueError(f"damaged gzip data ({e})") from None
+    if len(out) > limit:
+        raise ValueError(f"it inflates to more than {limit >> 20} MiB (PYOFFCPU_MAX_INPUT_MB)")
+    return out
+
+
 def from_pprof(data: bytes) -> Profile:
     """A Profile from a pprof file (gzipped or not) we or another tool wrote:
     the `wall` values (else the last sample type) as weights in ns, frames
@@ -272,7 +309,7 @@ def from_pprof(data: bytes) -> Profile:
     import re
     from ..profile.model import TRUNCATED, StackKey, kernel_frame, native_frame, python_frame
     if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+        data = inflate(data)
     top = fields(data)
     strings = [b.decode("utf-8", "surrogateescape") for b in top.get(6, [])]
 

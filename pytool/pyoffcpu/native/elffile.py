@@ -32,9 +32,11 @@ once per file identity.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
+import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -675,6 +677,21 @@ def load_bias(mapping, segments: Iterable[LoadSegment]) -> Optional[int]:
 SymbolsWanted = Union[bool, Callable[[ElfFile], bool]]
 
 
+def open_regular_file(path: str):
+    """The file at ``path``, open for reading, if it is a regular file.  A
+    target names the paths we read (its mappings, its debug links) and can
+    put a FIFO there: opened without blocking, then refused (OSError), it
+    never hangs root's profiler; a device is refused the same way."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path}: not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class ElfCache:
     """Parsed ELF files by FileIdentity: each parsed once however many
     paths and processes lead to it.  Not thread-safe (one per session, used
@@ -718,7 +735,7 @@ class ElfCache:
     def identity(self, path: str) -> Optional[FileIdentity]:
         """The identity of the file at ``path`` now; None: not ELF, unreadable."""
         try:
-            with open(path, "rb") as f:
+            with open_regular_file(path) as f:
                 return self._identify_open(f)
         except OSError:
             return None
@@ -731,7 +748,7 @@ class ElfCache:
         one open file, so a path that is being replaced gives the old file
         or the new one, never a mix."""
         try:
-            f = open(path, "rb")
+            f = open_regular_file(path)
         except OSError:
             return None
         with f:
@@ -812,7 +829,7 @@ class ElfCache:
         """The DT_NEEDED libraries of the file at ``path`` ([]: none, not
         ELF, unreadable), read once per file identity."""
         try:
-            f = open(path, "rb")
+            f = open_regular_file(path)
         except OSError:
             return []
         with f:
@@ -837,7 +854,7 @@ class ElfCache:
         kind, made once per file identity (the identity and the bytes come
         from one open file, so the result is the file's it is kept for)."""
         try:
-            f = open(path, "rb")
+            f = open_regular_file(path)
         except OSError:
             return make(b"")
         with f:

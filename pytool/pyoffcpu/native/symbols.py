@@ -293,6 +293,16 @@ def _open_image(path: str, want_types: frozenset = _FUNC_TYPES,
     return (cache if cache is not None else default_cache()).get(path, symbols=bool(want_types))
 
 
+def safe_debuglink(link: Optional[str]) -> bool:
+    """Is a .gnu_debuglink name one to look up?  The file names it: only a
+    plain file name is (no directory, no `..`, no control character), so
+    it can name nothing outside the debug directories it is joined to (an
+    absolute path or `../` would have made root open any path, a FIFO or a
+    device, outside the target's root too)."""
+    return bool(link) and "/" not in link and link not in (".", "..") and \
+        not any(ord(c) < 32 or c == "\x7f" for c in link)
+
+
 def _debug_candidates(path: str, image: ElfFile,
                       debug_dirs: Sequence[str],
                       orig_path: Optional[str] = None,
@@ -312,9 +322,9 @@ def _debug_candidates(path: str, image: ElfFile,
             cand = build_id_debug_path(bid, d) if bid else None
             if cand:
                 out.append(_under_root(r, cand))
-        if not image.debuglink:
-            continue
         link = image.debuglink
+        if not safe_debuglink(link):
+            continue
         if r is None:
             dirs = [os.path.dirname(path)]
             if orig_path and os.path.dirname(orig_path) not in dirs:
