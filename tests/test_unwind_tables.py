@@ -354,13 +354,18 @@ def test_not_an_elf_file_gives_no_table(tmp_path):
 
 
 def test_disk_cache_keeps_the_recently_used_tables(tmp_path, monkeypatch):
-    path = SYSTEM_BINARIES["libc"]()
+    import shutil
     monkeypatch.setattr(T.TableCache, "MAX_FILES", 4)
-    c = T.TableCache(str(tmp_path))
-    for i in range(5):
-        c.get(path, f"id{i}")
+    cache_dir = tmp_path / "cache"
+    c = T.TableCache(str(cache_dir))
+    copies = []
+    for i in range(5):                  # five files (the key is which file it is)
+        copies.append(str(tmp_path / f"libc{i}.so"))
+        shutil.copy(SYSTEM_BINARIES["libc"](), copies[-1])
+        c.get(copies[-1], None)
         time.sleep(0.01)
     # the fifth write went over the limit: only the newest half is left
     left = sorted(os.listdir(c.dir))
     assert len(left) == 2, left
-    assert T.TableCache(str(tmp_path)).get(path, "id4") is not None
+    again = T.TableCache(str(cache_dir))
+    assert again.get(copies[4], None) is not None and again.loaded == 1

@@ -142,6 +142,7 @@ class Job:
         fds: List[int] = []
         try:
             fds.append(open_regular(path))
+            self.opened = os.fstat(fds[0])      # the file the helper reads (its identity: the caller's check)
             for p in extra_paths:
                 fds.append(open_regular(p))
             # extra files: the helper gets their descriptor numbers as arguments

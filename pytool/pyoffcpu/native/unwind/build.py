@@ -40,6 +40,7 @@ class Pending:
     size: int
     id: int                     # in BPF's unwind_pending
     memory: int = helper.HELPER_BASE   # its helper's peak RSS, estimated (memory_estimate)
+    expect: Optional[tuple] = None      # table.file_identity the opened file must have
     hits: int = 0               # walks that stopped at it
     job: Optional[helper.Job] = None
     looked: bool = False        # in the disk cache (once)
@@ -62,12 +63,12 @@ class Builds:
         self.failed = 0
 
     def want(self, key: tuple, cache_key: str, build_id: Optional[str], name: str,
-             paths: List[str], size: int, eh_frame_size: int = 0) -> int:
+             paths: List[str], size: int, eh_frame_size: int = 0, expect: Optional[tuple] = None) -> int:
         """Queue a file (once); its id for unwind_map.npages."""
         p = self.pending.get(key)
         if p is None:
             p = Pending(key, cache_key, build_id, name, list(paths), size, self._next_id,
-                        memory=memory_estimate(eh_frame_size))
+                        memory=memory_estimate(eh_frame_size), expect=expect)
             self._next_id = self._next_id % (1 << 31) + 1
             self.pending[key] = p
             self.by_id[p.id] = p
@@ -193,6 +194,10 @@ class Builds:
                 job = helper.Job(args, path, program=program, wall_limit_s=BUILD_LIMIT_S)
             except OSError as e:
                 err = e.strerror or str(e)
+                continue
+            if p.expect is not None and T.file_identity(job.opened) != p.expect:
+                job.close()             # another file at that path now: not the one its key names
+                err = "the file changed"
                 continue
             self.started += 1
             return job

@@ -377,12 +377,18 @@ class NativeUnwinder:
                     continue
             if path is None:
                 return m.start, m.end, 0, _NO_TABLE, None, key
+            try:
+                st = os.stat(path)
+            except OSError:
+                return m.start, m.end, 0, _NO_TABLE, None, key
             info = self.elf_cache.get(path)
             if info is None:
                 return m.start, m.end, 0, _NO_TABLE, None, key
-            # where its rows are: one copy per table (the table cache keys
-            # tables by build-id), else per file identity
-            key = ("bid", info.build_id) if info.build_id else ("elf", info.identity)
+            # where its rows are: one copy per file (the same inode, unchanged:
+            # every process that maps it shares it), never per build-id, which
+            # is what a file claims (T.TableCache.key_for)
+            ident = T.file_identity(st)
+            key = ("file",) + ident
             self._names.setdefault(key, m.path)
             if key in self._objects:
                 loaded = self._load(key, None, m.path)
@@ -391,17 +397,11 @@ class NativeUnwinder:
                 # being made, or made and not in the kernel yet: asked for once
                 return m.start, m.end, 0, _Waiting(self._wait_id[key], m.path), None, key
             elif self.builds is not None:
-                ckey = self.cache.key_of(path, info.build_id)
-                if ckey is None:
-                    return m.start, m.end, 0, _NO_TABLE, None, key
+                ckey = self.cache.key_for(path, info.build_id, st)
                 paths = [path] + [c for c in (f"/proc/{pid}/root{m.path}",) if c != path]
-                try:
-                    size = os.stat(path).st_size
-                except OSError:
-                    size = 0
                 eh_frame = next((sec.size for sec in info.sections if sec.name == ".eh_frame"), 0)
                 wid = self._wait_id[key] = self.builds.want(key, ckey, info.build_id, m.path,
-                                                            paths, size, eh_frame)
+                                                            paths, st.st_size, eh_frame, expect=ident)
                 return m.start, m.end, 0, _Waiting(wid, m.path), None, key
             else:
                 t = self.cache.get(path, info.build_id)

@@ -356,13 +356,24 @@ def build_command() -> Tuple[List[str], Optional[List[str]]]:
     return args, [sys.executable, "-m", "pyoffcpu.native.unwind.table"]
 
 
-def build_now(path: str) -> UnwindTable:
+def file_identity(st: os.stat_result) -> tuple:
+    """Which file a stat is of, and unchanged: (device, inode, size, mtime,
+    ctime).  Two files never share it; a file that is written to gets
+    another (the kernel sets ctime, no user can)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def build_now(path: str, expect: Optional[tuple] = None) -> UnwindTable:
     """A file's table, built now, in a helper process (the compiled one if
-    there is one).  Raises (helper.HelperError, OSError, ValueError)."""
+    there is one); expect: the file_identity the file must have when the
+    helper opens it (a path swapped meanwhile: no table).  Raises
+    (helper.HelperError, OSError, ValueError)."""
     from .. import helper
     args, program = build_command()
     job = helper.Job(args, path, program=program)
     try:
+        if expect is not None and file_identity(job.opened) != expect:
+            raise helper.HelperError("the file changed while its table was made")
         if not job.wait():
             raise helper.HelperError(job.error or "failed")
         return deserialize(job.output())
@@ -380,7 +391,7 @@ class TableCache:
     `get` builds what it lacks at once; the session builds in the
     background instead (build.py) and hands the results to `store`."""
 
-    VERSION = 5                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST;
+    VERSION = 6                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST;
                                         # 4: UR_DRAP, UR_RBX, RBP_AT_RBP; 5: code no symbol covers
     MAX_FILES = 2048                    # past this, the least recently used half goes
 
@@ -395,10 +406,13 @@ class TableCache:
 
     @staticmethod
     def key_for(path: str, build_id: Optional[str], st: os.stat_result) -> str:
-        if build_id:
-            ident = f"bid:{build_id}"
-        else:
-            ident = f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        """The cache key of the file st is the stat of: which file it is
+        (device, inode) and that it is unchanged since (size, mtime, and the
+        ctime no user can set), never what the file says of itself.  A
+        build-id is a claim: a user's library that claims libc's would have
+        given libc its table, in this cache, for every process after.
+        (Copies of one library at other inodes each get their own entry.)"""
+        ident = "file:" + ":".join(map(str, file_identity(st)))
         return hashlib.sha256(f"v{TableCache.VERSION}:{_variant()}{ident}".encode()).hexdigest()[:32]
 
     def key_of(self, path: str, build_id: Optional[str]) -> Optional[str]:
@@ -429,16 +443,18 @@ class TableCache:
     def get(self, path: str, build_id: Optional[str]) -> Optional[UnwindTable]:
         """The table of the ELF file at path (None: not an x86_64 ELF or
         unreadable), built now if no cache has it."""
-        key = self.key_of(path, build_id)
-        if key is None:
+        try:
+            st = os.stat(path)
+        except OSError:
             return None
+        key = self.key_for(path, build_id, st)
         if key in self._mem:
             return self._mem[key]
         t = self.cached(key, build_id)
         if t is not None:
             return t
         try:
-            t = build_now(path)
+            t = build_now(path, file_identity(st))
         except Exception:               # noqa: BLE001 - any malformed ELF: no table, native stacks by FP
             self._mem[key] = None
             return None
