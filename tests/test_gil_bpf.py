@@ -74,7 +74,9 @@ def test_c_code_that_released_the_gil_runs_without_it(tmp_path, bpf, label):
     tids, threads, meta, stderr, not_held = record(tmp_path, label)
     h = threads[tids["hasher"]]
     g = h["gil_ns"]
-    assert h["on_cpu_ns"] >= 0.3e9, h
+    # enough hashing to measure (it gets ~0.6 s alone; on a busy 2-core CI
+    # machine it has had 0.25 s): the ratios below are the test
+    assert h["on_cpu_ns"] >= 0.1e9, h
     assert g["on_cpu_without_ns"] >= 0.85 * h["on_cpu_ns"], (g, h["on_cpu_ns"])
     for name in ("spinner0", "spinner1"):
         t = threads[tids[name]]
