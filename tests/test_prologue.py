@@ -108,7 +108,9 @@ def test_code_references_are_call_and_lea_targets_inside_gaps():
     # call +0x10 at 0x100 -> 0x115; lea rax, [rip + 0x20] at 0x105 -> 0x12c; a call out of the gaps
     code = bytes.fromhex("e8 10000000 488d05 20000000 e8 00100000") + bytes(0x40)
 
-    class Sec:
+    class Sec:                      # a pyelftools section, as far as it is read
+        name, data_size = ".text", len(code)
+
         def data(self):
             return code
     refs = PR.code_references([(0x100, 0x100 + len(code), Sec())], [(0x110, 0x130)])

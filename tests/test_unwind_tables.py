@@ -325,6 +325,7 @@ def test_tables_without_prologue_analysis_are_cached_apart(tmp_path, monkeypatch
     """The same file (the same build id) with PYOFFCPU_PROLOGUE=0 and without:
     each setting builds its own table once, and never reads the other's
     (the fixture's kernels have derived rows only with the analysis)."""
+    monkeypatch.setattr(T, "STAT_SETTLED_NS", -1)     # a file made this second goes to disk too
     so = tmp_path / "k.so"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(so),
                     os.path.join(os.path.dirname(__file__), "workloads", "nocfi_kernel.S")], check=True)
@@ -356,6 +357,7 @@ def test_not_an_elf_file_gives_no_table(tmp_path):
 def test_disk_cache_keeps_the_recently_used_tables(tmp_path, monkeypatch):
     import shutil
     monkeypatch.setattr(T.TableCache, "MAX_FILES", 4)
+    monkeypatch.setattr(T, "STAT_SETTLED_NS", -1)     # copies made this second go to disk too
     cache_dir = tmp_path / "cache"
     c = T.TableCache(str(cache_dir))
     copies = []

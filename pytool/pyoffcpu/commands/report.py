@@ -68,13 +68,13 @@ def _timeline(entries: List[dict], t0: float, t1: float) -> str:
     span = max(t1 - t0, 1.0)
     bars = []
     for e in entries:
-        total = e.get("on_cpu_ns", 0) + e.get("off_cpu_ns", 0)
-        if total <= 0:
+        on, off = e.get("on_cpu_ns", 0), e.get("off_cpu_ns", 0)
+        if on + off <= 0:
             continue
         x = 4 + (e["time"] - t0) / span * (width - 12)
-        on_h = (height - 4) * e["on_cpu_ns"] / total
+        on_h = (height - 4) * on / (on + off)
         tip = (f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['time']))} pid {e.get('pid')}: "
-               f"on-CPU {_fmt_s(e['on_cpu_ns'])}, off-CPU {_fmt_s(e['off_cpu_ns'])}")
+               f"on-CPU {_fmt_s(on)}, off-CPU {_fmt_s(off)}")
         bars.append(f'<g class="bar" data-day="{_esc(_day(e))}"><title>{_esc(tip)}</title>'
                     f'<rect x="{x:.1f}" y="2" width="5" height="{height - 4 - on_h:.1f}" fill="#5b8fd6"/>'
                     f'<rect x="{x:.1f}" y="{2 + height - 4 - on_h:.1f}" width="5" height="{on_h:.1f}" '
@@ -145,7 +145,7 @@ def render_report(directory: str, link_base: str = "") -> str:
         for e in reversed(es):
             on, off = e.get("on_cpu_ns", 0), e.get("off_cpu_ns", 0)
             share = 100 * on / (on + off) if on + off else 0
-            top = "<br>".join(f"{_esc(t['where'])} <span class=\"muted\">{_fmt_s(t['ns'])}</span>"
+            top = "<br>".join(f"{_esc(t['where'])} <span class=\"muted\">{_fmt_s(t.get('ns', 0))}</span>"
                               for t in e.get("top", [])[:TOP_SHOWN])
             links = [(fmt, safe_href(link_base, f["path"])) for fmt, f in sorted(e.get("files", {}).items())]
             files = " ".join(f'<a href="{href}">{_esc(fmt)}</a>' if href else _esc(fmt) for fmt, href in links)

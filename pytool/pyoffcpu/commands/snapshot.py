@@ -312,9 +312,19 @@ def load_index(directory: str) -> dict:
     index["dropped"] = len(index["entries"]) - len(entries)     # read by report; not meant to be kept
     index["entries"] = entries
     runs = index.get("runs")
-    index["runs"] = [r for r in runs if isinstance(r, dict) and _num(r.get("time"))] \
-        if isinstance(runs, list) else []
+    index["runs"] = [r for r in runs if valid_run(r)] if isinstance(runs, list) else []
     return index
+
+
+def valid_run(r) -> bool:
+    """A run record as run() writes it (report reads these fields)."""
+    return (isinstance(r, dict) and _time(r.get("time")) and _int(r.get("targets", 0))
+            and isinstance(r.get("errors", []), list))
+
+
+def _time(v) -> bool:
+    """Seconds since the epoch that the local calendar can show (to 5138)."""
+    return _num(v) and 0 <= v < 1e11
 
 
 def _num(v) -> bool:
@@ -329,7 +339,7 @@ def valid_entry(e) -> bool:
     """An index entry as run() writes it: the types report and retention
     read (anything else in it is ignored).  The index is a file: one that
     is damaged, or written by hand, gives a line, never a traceback."""
-    if not isinstance(e, dict) or not _num(e.get("time")) or not _int(e.get("pid", 0)):
+    if not isinstance(e, dict) or not _time(e.get("time")) or not _int(e.get("pid", 0)):
         return False
     for k in ("host", "name", "cmdline", "python", "mode"):
         if not isinstance(e.get(k, ""), str):

@@ -239,13 +239,13 @@ def fields(data: bytes) -> Dict[int, list]:
         count += 1
         if count > MAX_FIELDS:
             raise ValueError(f"a message of over {MAX_FIELDS:,} fields")
-        tag, i = read_uleb(data, i)
+        tag, i = _varint(data, i)
         field, wire = tag >> 3, tag & 7
         if wire == 0:
-            v, i = read_uleb(data, i)
+            v, i = _varint(data, i)
             out.setdefault(field, []).append(_signed(v))
         elif wire == 2:
-            ln, i = read_uleb(data, i)
+            ln, i = _varint(data, i)
             if i + ln > n:
                 raise ValueError("truncated field")
             out.setdefault(field, []).append(data[i:i + ln])
@@ -259,6 +259,38 @@ def fields(data: bytes) -> Dict[int, list]:
     return out
 
 
+def _varint(data: bytes, i: int) -> Tuple[int, int]:
+    """A protobuf varint: at most 10 bytes, a 64-bit value."""
+    v, j = read_uleb(data[i:i + 11], 0)
+    if j > 10 or v >> 64:
+        raise ValueError("a varint over 64 bits")
+    return v, i + j
+
+
+def _messages(f: Dict[int, list], n: int) -> List[bytes]:
+    """Field n of a decoded message, each a length-delimited value (a
+    message, a string or packed numbers); a varint there is a bad file."""
+    out = f.get(n, [])
+    if not all(isinstance(v, bytes) for v in out):
+        raise ValueError(f"field {n}: a number where a message belongs")
+    return out
+
+
+def _first(f: Dict[int, list], n: int) -> int:
+    """The first value of varint field n (0 when absent)."""
+    v = f.get(n)
+    if not v:
+        return 0
+    if not isinstance(v[0], int):
+        raise ValueError(f"field {n}: bytes where a number belongs")
+    return v[0]
+
+
+def _label_id(text: str) -> int:
+    """A pid or tid label: ASCII digits of a plausible id, else 0."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else 0
+
+
 def _ints(values: list) -> List[int]:
     """A repeated varint field, packed (bytes) or not."""
     out: List[int] = []
@@ -266,7 +298,7 @@ def _ints(values: list) -> List[int]:
         if isinstance(v, bytes):
             j = 0
             while j < len(v):
-                x, j = read_uleb(v, j)
+                x, j = _varint(v, j)
                 out.append(_signed(x))
         else:
             out.append(v)
@@ -311,34 +343,34 @@ def from_pprof(data: bytes) -> Profile:
     if data[:2] == b"\x1f\x8b":
         data = inflate(data)
     top = fields(data)
-    strings = [b.decode("utf-8", "surrogateescape") for b in top.get(6, [])]
+    strings = [b.decode("utf-8", "surrogateescape") for b in _messages(top, 6)]
 
     def s(i: int) -> str:
         return strings[i] if 0 <= i < len(strings) else ""
-    types = [s(fields(m).get(1, [0])[0]) for m in top.get(1, [])]
+    types = [s(_first(fields(m), 1)) for m in _messages(top, 1)]
     unit_ns = 1
     vi = types.index("wall") if "wall" in types else len(types) - 1
-    if vi >= 0 and top.get(1):
-        unit = s(fields(top[1][vi]).get(2, [0])[0])
+    if vi >= 0:
+        unit = s(_first(fields(_messages(top, 1)[vi]), 2))
         unit_ns = {"nanoseconds": 1, "microseconds": 1000, "milliseconds": 1_000_000,
                    "seconds": 1_000_000_000}.get(unit, 1)
     mappings = {}
-    for m in top.get(3, []):
+    for m in _messages(top, 3):
         f = fields(m)
-        mappings[f.get(1, [0])[0]] = s(f.get(5, [0])[0])
+        mappings[_first(f, 1)] = s(_first(f, 5))
     functions = {}
-    for m in top.get(5, []):
+    for m in _messages(top, 5):
         f = fields(m)
-        functions[f.get(1, [0])[0]] = (s(f.get(2, [0])[0]), s(f.get(4, [0])[0]))
+        functions[_first(f, 1)] = (s(_first(f, 2)), s(_first(f, 4)))
     locations: Dict[int, list] = {}
-    for m in top.get(4, []):
+    for m in _messages(top, 4):
         f = fields(m)
-        mod = mappings.get(f.get(2, [0])[0], "")
+        mod = mappings.get(_first(f, 2), "")
         frames = []
-        for ln in f.get(4, []):             # inlined first, the caller last
+        for ln in _messages(f, 4):          # inlined first, the caller last
             lf = fields(ln)
-            name, filename = functions.get(lf.get(1, [0])[0], ("?", ""))
-            line = lf.get(2, [0])[0]
+            name, filename = functions.get(_first(lf, 1), ("?", ""))
+            line = _first(lf, 2)
             if mod == KERNEL_MAPPING:
                 frames.append(kernel_frame(name[:-4] if name.endswith("_[k]") else name))
             elif filename:
@@ -347,19 +379,21 @@ def from_pprof(data: bytes) -> Profile:
                 frames.append(TRUNCATED)
             else:
                 frames.append(native_frame(name, module=mod or None))
-        locations[f.get(1, [0])[0]] = frames
+        locations[_first(f, 1)] = frames
     prof = Profile()
     off = re.compile(r"^\[off-cpu(?:: ([^\]]+))?\]$")
-    for m in top.get(2, []):
+    for m in _messages(top, 2):
         f = fields(m)
         values = _ints(f.get(2, []))
         if not values:
             continue
         ns = values[vi if vi < len(values) else -1] * unit_ns
+        if ns < 0 or values[0] < 0:
+            raise ValueError("a negative sample value")
         labels = {}
-        for lb in f.get(3, []):
+        for lb in _messages(f, 3):
             lf = fields(lb)
-            labels[s(lf.get(1, [0])[0])] = s(lf.get(2, [0])[0]) if lf.get(2) else str(lf.get(3, [0])[0])
+            labels[s(_first(lf, 1))] = s(_first(lf, 2)) if lf.get(2) else str(_first(lf, 3))
         leaf_first = [fr for loc in _ints(f.get(1, [])) for fr in locations.get(loc, [])]
         reason = None
         if leaf_first and leaf_first[0].kind is FrameKind.NATIVE:
@@ -367,8 +401,8 @@ def from_pprof(data: bytes) -> Profile:
             if mo:
                 reason = mo.group(1) or "other"
                 leaf_first = leaf_first[1:]
-        pid = int(labels["pid"]) if labels.get("pid", "").isdigit() else 0
-        tid = int(labels["thread_id"]) if labels.get("thread_id", "").isdigit() else pid
+        pid = _label_id(labels.get("pid", ""))
+        tid = _label_id(labels.get("thread_id", "")) or pid
         if pid:
             prof.processes.setdefault(pid, "?")
         if "thread_name" in labels:

@@ -32,9 +32,11 @@ once per file identity.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
 import io
+import json
 import os
 import stat
 import struct
@@ -46,8 +48,10 @@ from elftools.common.exceptions import ELFError
 from elftools.elf import enums as _enums
 from elftools.elf.elffile import ELFFile
 
+from .. import cachedir
+
 __all__ = [
-    "ElfCache", "ElfFile", "FileIdentity", "LoadSegment", "RawSymbol",
+    "ElfCache", "ElfFile", "FileIdentity", "IdentityMemo", "LoadSegment", "RawSymbol",
     "default_cache", "identify", "load_bias", "segment_for_offset",
 ]
 
@@ -69,7 +73,15 @@ _PT_LOAD, _PT_NOTE = 1, 4
 _NT_GNU_BUILD_ID = 3
 STAT_SETTLED_NS = 1_000_000_000        # see ElfCache._by_stat
 _PARSE_ERRORS = (OSError, ELFError, ValueError, struct.error, AssertionError,
-                 OverflowError, IndexError, KeyError)
+                 OverflowError, IndexError, KeyError, MemoryError)
+# What a file may make us read, at most (a file can claim any size, and a
+# sparse one costs its maker nothing): the largest real sections measured
+# (PyTorch 2.x: .strtab 74 MiB, .text 271 MiB, .symtab 12 MiB) are well below.
+MAX_NOTE_BYTES = 64 << 10               # notes searched for the build-id
+MAX_SYMBOL_TABLE_BYTES = 64 << 20       # .symtab / .dynsym: decoded into objects
+MAX_SECTION_BYTES = 256 << 20           # any other section read whole
+MAX_CODE_SECTION_BYTES = 1 << 30        # code read for prologue analysis
+_HASH_CHUNK = 4 << 20
 
 
 # ---------------------------------------------------------------------------
@@ -81,25 +93,30 @@ class FileIdentity(NamedTuple):
     Why a hit on this key is the same file (the cache must never hand out
     another file's symbols):
 
-    * ``build_id``: the GNU build-id, which the linker computes over the
-      linked output (a hash of its contents), so two different links have
-      different ids: the convention that debuginfod, perf and gdb also rely
-      on.  Tools that rewrite a linked file keep its id though (strip,
-      objcopy --only-keep-debug, eu-strip, dwz), and what they rewrite is
-      the very tables read here: so the size and ``digest`` are in the key
-      too.  Those rewrites drop, add or move whole sections, which changes
-      the section header table (and mostly the size), and ``digest`` covers
-      the section and program header tables wherever they are, and the first
-      and last 4 KiB: a stripped copy, its original and its debug file are
-      three entries.
-    * no build-id: nothing names the build, so ``digest`` also covers every
-      byte that ``ElfFile`` reads (the symbol and string tables, the notes,
-      the debuglink): two files that agree on all of it parse to the same
-      ElfFile, whatever else differs between them.  The size and head/tail
-      alone would not be exact: two builds of a small program at the same
-      path, renaming one function to a name of the same length, differ only
-      inside ``.strtab``.
+    * ``digest`` covers, in every case, the size, the section and program
+      header tables wherever they are, and the first and last 4 KiB.
+    * a file without a build-id, or one that root did not write (owned by
+      another user, or writable by group or other): ``digest`` also covers
+      every byte that ``ElfFile`` reads (the symbol and string tables they
+      link to, the notes, the section names, the debuglink): two files
+      that agree on all of it parse to the same ElfFile, whatever else
+      differs.  The size and head/tail alone would not be exact: two builds
+      of a small program at the same path, renaming one function to a name
+      of the same length, differ only inside ``.strtab``; and a build-id is
+      a claim the file makes (a user's library can claim libc's).
+    * a file of root's with a GNU build-id: the build-id, which the linker
+      computes over the linked output (the convention that debuginfod,
+      perf and gdb rely on), and which only root could have put there.
+      Tools that rewrite a linked file keep its id (strip, objcopy
+      --only-keep-debug, dwz), and what they rewrite is the very tables
+      read here, but they drop, add or move whole sections, which changes
+      the header tables (and mostly the size): a stripped copy, its
+      original and its debug file are three entries.  (Hashing the symbol
+      tables of every file torch maps would add ~0.4 s to a cold start.)
     * an in-memory image (the vDSO): ``digest`` covers all of its bytes.
+
+    Identities are kept by stat in this process and, through IdentityMemo,
+    on disk for the next run.
     """
 
     build_id: Optional[str]     # hex; None: the file has none
@@ -160,7 +177,7 @@ def _notes_build_id(raw: bytes, fmt: str) -> Optional[str]:
     return None
 
 
-def _identify(src: _Source) -> Optional[FileIdentity]:
+def _identify(src: _Source, roots: bool = False) -> Optional[FileIdentity]:
     """The identity of the ELF file in ``src``; None when it is not ELF.
 
     Headers that make no sense only leave their part out (no build-id, no
@@ -219,33 +236,52 @@ def _identify(src: _Source) -> Optional[FileIdentity]:
     # section that has one, else from the first PT_NOTE segment that has one.
     for _name, stype, off, size, _link in shdrs:
         if stype == _SHT_NOTE:
-            build_id = _notes_build_id(src.read(off, size), e)
+            build_id = _notes_build_id(src.read(off, min(size, MAX_NOTE_BYTES)), e)
             if build_id:
                 break
     if not build_id:
         for ptype, off, size in phdrs:
             if ptype == _PT_NOTE:
-                build_id = _notes_build_id(src.read(off, size), e)
+                build_id = _notes_build_id(src.read(off, min(size, MAX_NOTE_BYTES)), e)
                 if build_id:
                     break
-    if not build_id:
-        # Nothing names the build: the digest covers every section ElfFile
-        # reads (FileIdentity says why): the symbol tables and the string
-        # tables they link to, the notes, .shstrtab (the section names) and
-        # .gnu_debuglink.
-        wanted = {i for i, sh in enumerate(shdrs) if sh[1] in (_SHT_SYMTAB, _SHT_DYNSYM, _SHT_NOTE)}
-        wanted |= {shdrs[i][4] for i in list(wanted) if shdrs[i][1] != _SHT_NOTE}
-        if 0 < shstrndx < len(shdrs):
-            wanted.add(shstrndx)
-            names = src.read(shdrs[shstrndx][2], shdrs[shstrndx][3])
-            wanted |= {i for i, sh in enumerate(shdrs)
-                       if names[sh[0]:sh[0] + 15] == b".gnu_debuglink\0"}
-        for i in sorted(w for w in wanted if 0 <= w < len(shdrs)):
-            _name, stype, off, size, _link = shdrs[i]
-            h.update(struct.pack("<IQQ", i, off, size))
-            if stype != _SHT_NOBITS:
-                h.update(src.read(off, size))
+    if build_id and roots:
+        return FileIdentity(build_id, src.size, h.hexdigest())
+    # The digest covers every section ElfFile reads (FileIdentity says why):
+    # the symbol tables and the string tables they link to, the notes,
+    # .shstrtab (the section names) and .gnu_debuglink.
+    h.update(b"sections")
+    wanted = {i for i, sh in enumerate(shdrs) if sh[1] in (_SHT_SYMTAB, _SHT_DYNSYM, _SHT_NOTE)}
+    wanted |= {shdrs[i][4] for i in list(wanted) if shdrs[i][1] != _SHT_NOTE}
+    if 0 < shstrndx < len(shdrs):
+        wanted.add(shstrndx)
+        names = src.read(shdrs[shstrndx][2], min(shdrs[shstrndx][3], MAX_SECTION_BYTES))
+        wanted |= {i for i, sh in enumerate(shdrs)
+                   if names[sh[0]:sh[0] + 15] == b".gnu_debuglink\0"}
+    for i in sorted(w for w in wanted if 0 <= w < len(shdrs)):
+        _name, stype, off, size, _link = shdrs[i]
+        h.update(struct.pack("<IQQ", i, off, size))
+        if stype != _SHT_NOBITS:
+            if size > (MAX_SYMBOL_TABLE_BYTES if stype in (_SHT_SYMTAB, _SHT_DYNSYM)
+                       else MAX_SECTION_BYTES):
+                raise ValueError("a section larger than pyoffcpu reads")
+            for at in range(off, off + min(size, max(0, src.size - off)), _HASH_CHUNK):
+                h.update(src.read(at, min(_HASH_CHUNK, off + size - at)))
     return FileIdentity(build_id, src.size, h.hexdigest())
+
+
+def roots(st: os.stat_result) -> bool:
+    """Is this the stat of a file only root can have written?"""
+    return st.st_uid == 0 and not st.st_mode & 0o022
+
+
+def section_bytes(sec, limit: int = MAX_SECTION_BYTES) -> bytes:
+    """pyelftools' Section.data(), refused (ValueError) past ``limit``
+    bytes, inflated or not: a compressed section inflates to at most the
+    size its header states, which is what is checked."""
+    if sec.data_size > limit:
+        raise ValueError(f"section {sec.name!r} of {sec.data_size} bytes: more than pyoffcpu reads")
+    return sec.data()
 
 
 def identify(f) -> Optional[FileIdentity]:
@@ -255,8 +291,8 @@ def identify(f) -> Optional[FileIdentity]:
         if isinstance(f, (bytes, bytearray, memoryview)):
             return _identify(_Source(data=bytes(f)))
         fd = f if isinstance(f, int) else f.fileno()
-        return _identify(_Source(fd=fd))
-    except (OSError, ValueError, OverflowError):
+        return _identify(_Source(fd=fd), roots(os.fstat(fd)))
+    except (OSError, ValueError, OverflowError, MemoryError):
         return None
 
 
@@ -572,8 +608,12 @@ class ElfFile:
         sec = self.sections[idx]
         if sec.type == "SHT_NOBITS":
             return b""
+        limit = (MAX_SYMBOL_TABLE_BYTES if sec.type in ("SHT_SYMTAB", "SHT_DYNSYM")
+                 else MAX_SECTION_BYTES)
         if sec.flags & _SHF_COMPRESSED:     # rare: let pyelftools inflate it
-            return ELFFile(stream).get_section(idx).data()
+            return section_bytes(ELFFile(stream).get_section(idx), limit)
+        if sec.size > limit:
+            raise ValueError(f"section {sec.name!r} of {sec.size} bytes: more than pyoffcpu reads")
         stream.seek(sec.offset)
         return stream.read(sec.size)
 
@@ -681,15 +721,90 @@ def open_regular_file(path: str):
     """The file at ``path``, open for reading, if it is a regular file.  A
     target names the paths we read (its mappings, its debug links) and can
     put a FIFO there: opened without blocking, then refused (OSError), it
-    never hangs root's profiler; a device is refused the same way."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    never hangs root's profiler; a device is refused the same way, before
+    it is opened for reading (which may do something, for a device): the
+    path is first opened with O_PATH, which opens nothing, checked, then
+    reopened through that descriptor, the same file."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, f"{path}: not a regular file")
-        return os.fdopen(fd, "rb")
-    except BaseException:
+        readable = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
         os.close(fd)
+    try:
+        return os.fdopen(readable, "rb")
+    except BaseException:
+        os.close(readable)
         raise
+
+
+class IdentityMemo:
+    """File identities that earlier runs computed, by stat: (device, inode,
+    size, mtime, ctime) of a file changed more than STAT_SETTLED_NS ago is
+    the same bytes (writing to a file gives it a new ctime, which no program
+    can set back), so its identity need not be hashed again; hashing torch's
+    symbol tables would cost each start ~0.35 s.  One JSON file in root's
+    cache directory, read once (at most MAX_BYTES), written back at exit
+    with what this run used and added: the MAX_ENTRIES most recent."""
+
+    FILE = "identities-v1.json"
+    MAX_ENTRIES = 16384
+    MAX_BYTES = 8 << 20
+
+    def __init__(self, directory: Optional[str]):
+        self.path = (os.path.join(directory, self.FILE)
+                     if directory is not None and cachedir.safe_dir(directory) else None)
+        self._known: Optional[Dict[tuple, FileIdentity]] = None
+        self._used: Dict[tuple, FileIdentity] = {}
+        self._pid = os.getpid()
+
+    def _read(self) -> Dict[tuple, FileIdentity]:
+        known: Dict[tuple, FileIdentity] = {}
+        if self.path is None:
+            return known
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return known
+                data = f.read(self.MAX_BYTES + 1)
+            rows = json.loads(data) if len(data) <= self.MAX_BYTES else []
+        except (OSError, ValueError, RecursionError):
+            return known
+        for row in rows[-self.MAX_ENTRIES:] if isinstance(rows, list) else ():
+            if (isinstance(row, list) and len(row) == 8
+                    and all(type(v) is int and v >= 0 for v in row[:5] + row[6:7])
+                    and (row[5] is None or (isinstance(row[5], str) and len(row[5]) <= 128))
+                    and isinstance(row[7], str) and len(row[7]) == 32):
+                known[tuple(row[:5])] = FileIdentity(row[5], row[6], row[7])
+        return known
+
+    def get(self, key: tuple) -> Optional[FileIdentity]:
+        if self._known is None:
+            self._known = self._read()
+        ident = self._known.get(key)
+        if ident is not None:
+            self.put(key, ident)
+        return ident
+
+    def put(self, key: tuple, ident: FileIdentity) -> None:
+        if self.path is None:
+            return
+        if not self._used:
+            atexit.register(self.save)
+        self._used[key] = ident
+
+    def save(self) -> None:
+        """What this run used and found, after what the file holds now
+        (another run may have written it meanwhile)."""
+        if not self._used or self.path is None or os.getpid() != self._pid:
+            return
+        rows = {k: v for k, v in self._read().items() if k not in self._used}
+        rows.update(self._used)
+        out = [list(k) + [v.build_id, v.size, v.digest] for k, v in rows.items()][-self.MAX_ENTRIES:]
+        cachedir.write_private(self.path, json.dumps(out, separators=(",", ":")).encode())
+        self._used = {}
 
 
 class ElfCache:
@@ -697,8 +812,9 @@ class ElfCache:
     paths and processes lead to it.  Not thread-safe (one per session, used
     from its thread)."""
 
-    def __init__(self):
+    def __init__(self, memo: Optional[IdentityMemo] = None):
         self._files: Dict[FileIdentity, Optional[ElfFile]] = {}
+        self.memo = memo                # identities of earlier runs (None: hash every file)
         self._derived: Dict[tuple, object] = {}
         self._vdso: Optional[Tuple[bytes, ElfFile]] = None
         self._vdso_read = False
@@ -726,9 +842,14 @@ class ElfCache:
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if key in self._by_stat:
             return self._by_stat[key]
-        self.identifies += 1
-        ident = identify(f)
-        if time.time_ns() - st.st_ctime_ns > STAT_SETTLED_NS:
+        settled = time.time_ns() - st.st_ctime_ns > STAT_SETTLED_NS
+        ident = self.memo.get(key) if settled and self.memo is not None else None
+        if ident is None:
+            self.identifies += 1
+            ident = identify(f)
+            if settled and ident is not None and self.memo is not None:
+                self.memo.put(key, ident)
+        if settled:
             self._by_stat[key] = ident
         return ident
 
@@ -884,5 +1005,5 @@ def default_cache() -> ElfCache:
     """This process's (its session's) ElfCache."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = ElfCache()
+        _DEFAULT = ElfCache(IdentityMemo(cachedir.cache_dir("elf")))
     return _DEFAULT

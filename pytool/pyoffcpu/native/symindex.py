@@ -48,6 +48,7 @@ import time
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from .. import cachedir
+from .elffile import MAX_SECTION_BYTES
 from .unwind.ehframe import read_sleb, read_uleb
 
 __all__ = ["IdentifiedFile", "SymbolIndex", "build_bytes", "fde_ranges", "index_for",
@@ -360,6 +361,8 @@ def eh_frame_of(image, read) -> Tuple[bytes, int]:
     if sec is None or sec.type == "SHT_NOBITS" or sec.flags & 0x800:
         return b"", 0
     if sec.offset > image.identity.size or sec.size > image.identity.size - sec.offset:
+        return b"", 0
+    if sec.size > MAX_SECTION_BYTES:
         return b"", 0
     data = read(sec.offset, sec.size)
     return (data, sec.addr) if len(data) == sec.size else (b"", 0)

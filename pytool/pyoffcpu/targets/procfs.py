@@ -4,11 +4,13 @@ from __future__ import annotations
 from typing import Dict, List, NamedTuple, Optional
 
 
-def read_text(path: str) -> Optional[str]:
-    """A /proc file's text, None when it cannot be read (the task is gone)."""
+def read_text(path: str, limit: int = 64 << 20) -> Optional[str]:
+    """A /proc file's text, at most ``limit`` bytes of it (a process sizes
+    its command line and maps), None when it cannot be read (the task is
+    gone)."""
     try:
         with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
+            return f.read(limit).decode("utf-8", "replace")
     except OSError:
         return None
 
@@ -45,7 +47,7 @@ def comm(pid: int, tid: Optional[int] = None) -> str:
 
 def cmdline(pid: int) -> str:
     """The command line, its NULs as spaces; "" for a kernel thread or when gone."""
-    return (read_text(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+    return (read_text(f"/proc/{pid}/cmdline", 1 << 20) or "").replace("\0", " ").strip()
 
 
 class Syscall(NamedTuple):

@@ -87,18 +87,15 @@ def available() -> bool:
 
 
 def open_regular(path: str) -> int:
-    """A read-only descriptor of the regular file at path, opened without
-    blocking (O_NONBLOCK: a FIFO there is opened, then refused, never
-    waited on).  Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    """A read-only descriptor of the regular file at path (elffile's
+    open_regular_file: a FIFO or a device there is refused before it is
+    opened for reading).  Raises OSError."""
+    from ..elffile import open_regular_file
+    f = open_regular_file(path)
     try:
-        import stat
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        return os.dup(f.fileno())
+    finally:
+        f.close()
 
 
 # The limits go to the helper in its environment, and it sets them itself

@@ -29,6 +29,8 @@
 
 #define PAGE_SHIFT 12
 #define MIN_PAGE_SHIFT 6
+#define PAGES_PER_ROW 4             /* table.max_pages() */
+#define MIN_PAGES 256
 #define MAX_ROWS_PER_PAGE (1u << UNWIND_SEARCH_STEPS)
 static const char MAGIC[8] = "PYOFFUW2";
 
@@ -255,6 +257,15 @@ static uint32_t *page_index(const struct row *rows, size_t n, unsigned shift, si
     return pages;
 }
 
+static uint64_t max_rows_per_page(const uint32_t *pages, size_t npages)
+{
+    uint64_t m = 0;
+    for (size_t i = 0; i < npages; i++)
+        if ((uint64_t)pages[i + 1] - pages[i] + 1 > m)
+            m = (uint64_t)pages[i + 1] - pages[i] + 1;
+    return m;
+}
+
 static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 
@@ -330,19 +341,20 @@ static void build_and_write(struct entries *der, struct entries *fde, uint64_t u
     free(h);
     if (unsupported > 0xFFFFFFFFu)
         fail("too many unsupported rows");
+    /* table.page_shift(): 4 KiB pages, smaller where a page holds more rows
+     * than the BPF search takes, never more pages than max_pages() */
+    size_t cap = PAGES_PER_ROW * rows.n + MIN_PAGES;
+    uint64_t last = rows.v[rows.n - 1].pc;
     unsigned shift = PAGE_SHIFT;
+    while ((last >> shift) + 1 > cap)
+        shift++;
     size_t npages;
-    uint32_t *pages;
-    for (;;) {
-        pages = page_index(rows.v, rows.n, shift, &npages);
-        uint64_t maxrows = 0;
-        for (size_t i = 0; i < npages; i++)
-            if ((uint64_t)pages[i + 1] - pages[i] + 1 > maxrows)
-                maxrows = (uint64_t)pages[i + 1] - pages[i] + 1;
-        if (maxrows <= MAX_ROWS_PER_PAGE || shift <= MIN_PAGE_SHIFT)
-            break;
+    uint32_t *pages = page_index(rows.v, rows.n, shift, &npages);
+    while (shift > MIN_PAGE_SHIFT && (last >> (shift - 1)) + 1 <= cap
+           && max_rows_per_page(pages, npages) > MAX_ROWS_PER_PAGE) {
         free(pages);
         shift--;
+        pages = page_index(rows.v, rows.n, shift, &npages);
     }
     put64(hdr + 8, (uint64_t)base);
     put32(hdr + 16, (uint32_t)rows.n);

@@ -56,6 +56,7 @@ import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from ...collect import bpfdefs
+from ..elffile import MAX_CODE_SECTION_BYTES, section_bytes
 
 UR_DERIVED = bpfdefs.value("UR_DERIVED")
 UR_RSP, UR_RBP, UR_RBX, UR_INVALID = (bpfdefs.value(n) for n in ("UR_RSP", "UR_RBP", "UR_RBX", "UR_INVALID"))
@@ -526,7 +527,7 @@ def derived_rows(elf, fde_spans: Sequence[Tuple[int, int]],
             continue
         lo, _, s = sec
         if lo not in data_of:
-            data_of[lo] = s.data()
+            data_of[lo] = section_bytes(s, MAX_CODE_SECTION_BYTES)
         code = data_of[lo][start - lo:end - lo]
         rows.extend(gap_rows(code, start, entries, md, fast) if gap else
                     function_rows(code, start, md, entries, fast))
@@ -565,7 +566,7 @@ def code_references(texts, gaps: Sequence[Tuple[int, int]]) -> List[int]:
     patterns = ((re.compile(rb"\xe8", re.S), 1, 5),
                 (re.compile(rb"[\x48\x4c]\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", re.S), 3, 7))
     for base, _, sec in texts:
-        data = sec.data()
+        data = section_bytes(sec, MAX_CODE_SECTION_BYTES)
         for pattern, at, size in patterns:
             for m in pattern.finditer(data):
                 off = m.start()
@@ -589,7 +590,7 @@ def function_pointers(elf) -> List[int]:
     for sec in elf.iter_sections():
         if sec["sh_type"] != "SHT_RELA" or sec["sh_entsize"] != 24:
             continue
-        for _, info, addend in struct.iter_unpack("<QQq", sec.data()):
+        for _, info, addend in struct.iter_unpack("<QQq", section_bytes(sec, MAX_CODE_SECTION_BYTES)):
             if info & 0xFFFFFFFF == 8:          # R_X86_64_RELATIVE
                 out.add(addend)
     return sorted(out)

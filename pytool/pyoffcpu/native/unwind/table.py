@@ -24,11 +24,13 @@ import mmap
 import os
 import struct
 import sys
+import time
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Tuple
 
 from ...collect import bpfdefs
 from ... import cachedir
+from ..elffile import STAT_SETTLED_NS, section_bytes
 from . import ehframe as E
 
 # the row kinds and limits BPF reads them with (bpf/unwind_defs.h)
@@ -43,6 +45,8 @@ ROW = struct.Struct("<IhBb")
 SEARCH_STEPS = bpfdefs.value("UNWIND_SEARCH_STEPS")    # halvings the BPF search does
 MAX_ROWS_PER_PAGE = 1 << SEARCH_STEPS
 MIN_PAGE_SHIFT = 6
+MAX_PAGE_SHIFT = 31                 # BPF: rel >> (page_shift & 31)
+PAGES_PER_ROW, MIN_PAGES = 4, 256   # max_pages()
 
 KIND_NAMES = {UR_INVALID: "invalid", UR_RSP: "rsp", UR_RBP: "rbp", UR_PLT: "plt", UR_END: "end",
               UR_DRAP: "drap", UR_RBX: "rbx"}
@@ -103,7 +107,7 @@ class UnwindTable:
         return r
 
     def max_rows_per_page(self) -> int:
-        return max((self.pages[i + 1] - self.pages[i] + 1 for i in range(self.npages)), default=0)
+        return _max_rows_per_page(self.pages)
 
 
 def _plt_threshold(expr: bytes) -> Optional[Tuple[int, int]]:
@@ -204,13 +208,39 @@ def build_table(fdes: Iterable[E.FdeTable], build_id: Optional[str] = None,
             break                       # objects over 4 GiB of code: rest unsupported
         out += ROW.pack(rel, enc[1], enc[0], enc[2])
         locs.append(rel)
+    shift = page_shift(locs)
+    pages = _page_index(locs, shift)
+    return UnwindTable(base, bytes(out), pages, build_id, unsupported, shift)
+
+
+def page_shift(locs: List[int]) -> int:
+    """The page size (log2) of a table's index: 4 KiB pages unless a page
+    would hold more rows than the BPF search takes (then smaller pages, down
+    to MIN_PAGE_SHIFT), but never more pages than max_pages() allows for its
+    rows: the index is sized by what the file holds, not by the address span
+    it claims (a 27 KB library with code at 0x40000000 gets a few hundred
+    pages, not a quarter million).  A page left with more rows than the
+    search takes finds no row there (the walk ends), never a wrong one."""
+    cap = max_pages(len(locs))
+    last = locs[-1]
     shift = PAGE_SHIFT
-    while True:
-        pages = _page_index(locs, shift)
-        t = UnwindTable(base, bytes(out), pages, build_id, unsupported, shift)
-        if t.max_rows_per_page() <= MAX_ROWS_PER_PAGE or shift <= MIN_PAGE_SHIFT:
-            return t
+    while (last >> shift) + 1 > cap:
+        shift += 1                      # ends by 31: rel < 2^32, cap >= 2
+    while (shift > MIN_PAGE_SHIFT and (last >> (shift - 1)) + 1 <= cap
+           and _max_rows_per_page(_page_index(locs, shift)) > MAX_ROWS_PER_PAGE):
         shift -= 1
+    return shift
+
+
+def max_pages(nrows: int) -> int:
+    """The most index entries a table of nrows rows gets (helper/tables.c
+    the same): 4 per row and 256 more, so the index costs the kernel at most
+    four times the rows' own memory and 2 KiB."""
+    return PAGES_PER_ROW * nrows + MIN_PAGES
+
+
+def _max_rows_per_page(pages: array.array) -> int:
+    return max((pages[i + 1] - pages[i] + 1 for i in range(len(pages) - 1)), default=0)
 
 
 def _page_index(locs: List[int], shift: int) -> array.array:
@@ -244,7 +274,7 @@ def table_from_elf(stream, path: Optional[str] = None, elf_cache=None) -> Unwind
         raise E.EhFrameError(f"not x86_64 ({elf['e_machine']})")
     sec = elf.get_section_by_name(".eh_frame")
     fdes = [] if sec is None or sec["sh_type"] == "SHT_NOBITS" else list(
-        E.parse_eh_frame(sec.data(), sec["sh_addr"]))
+        E.parse_eh_frame(section_bytes(sec), sec["sh_addr"]))
     from . import prologue
     syms = None
     if path is not None:
@@ -328,7 +358,7 @@ def deserialize(data, copy: bool = True) -> UnwindTable:
         pages.byteswap()
     if nrows and (max(pages) >= nrows or pages[npages] != nrows - 1):
         raise ValueError("corrupt unwind table page index")
-    if not MIN_PAGE_SHIFT <= shift <= PAGE_SHIFT:
+    if not MIN_PAGE_SHIFT <= shift <= MAX_PAGE_SHIFT or npages > max_pages(nrows):
         raise ValueError("bad page shift")
     rows = bytes(data[_HDR.size:rows_end]) if copy else memoryview(data)[_HDR.size:rows_end]
     t = UnwindTable(base, rows, pages, None, unsupported, shift)
@@ -356,11 +386,22 @@ def build_command() -> Tuple[List[str], Optional[List[str]]]:
     return args, [sys.executable, "-m", "pyoffcpu.native.unwind.table"]
 
 
+UNSETTLED_KEY = "unsettled-"        # a TableCache key that is never on disk
+
+
 def file_identity(st: os.stat_result) -> tuple:
     """Which file a stat is of, and unchanged: (device, inode, size, mtime,
     ctime).  Two files never share it; a file that is written to gets
-    another (the kernel sets ctime, no user can)."""
+    another (the kernel sets ctime, no user can), once settled()."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def settled(st: os.stat_result) -> bool:
+    """File times have a clock tick's grain: a file changed less than
+    STAT_SETTLED_NS ago could be written again keeping its ctime, so its
+    identity holds only for now (shared within the recording, where a
+    library rewritten in place breaks its own users anyway), not on disk."""
+    return time.time_ns() - st.st_ctime_ns > STAT_SETTLED_NS
 
 
 def build_now(path: str, expect: Optional[tuple] = None) -> UnwindTable:
@@ -384,8 +425,9 @@ def build_now(path: str, expect: Optional[tuple] = None) -> UnwindTable:
 class TableCache:
     """Tables by file identity, in memory and on disk.
 
-    Key: the GNU build-id when the file has one, else (path, device, inode,
-    size, mtime).  Disk files are written atomically and checked on read;
+    Key: the file's identity (file_identity; never its build-id, a claim
+    the file makes).  Only settled() files reach the disk.  Disk files are
+    written atomically and checked on read;
     a table read from disk is an mmap of its file, whose pages the kernel
     holds (UnwindTable.release gives them back once BPF has its copy).
     `get` builds what it lacks at once; the session builds in the
@@ -413,7 +455,8 @@ class TableCache:
         given libc its table, in this cache, for every process after.
         (Copies of one library at other inodes each get their own entry.)"""
         ident = "file:" + ":".join(map(str, file_identity(st)))
-        return hashlib.sha256(f"v{TableCache.VERSION}:{_variant()}{ident}".encode()).hexdigest()[:32]
+        key = hashlib.sha256(f"v{TableCache.VERSION}:{_variant()}{ident}".encode()).hexdigest()[:32]
+        return key if settled(st) else UNSETTLED_KEY + key
 
     def key_of(self, path: str, build_id: Optional[str]) -> Optional[str]:
         try:
@@ -422,8 +465,11 @@ class TableCache:
             return None
 
     def path_of(self, key: str) -> Optional[str]:
-        """Where the table of key is kept on disk (None: no disk cache)."""
-        return None if self.dir is None else os.path.join(self.dir, key + ".tbl")
+        """Where the table of key is kept on disk (None: no disk cache, or
+        a file changed too recently to be told apart by its stat)."""
+        if self.dir is None or key.startswith(UNSETTLED_KEY):
+            return None
+        return os.path.join(self.dir, key + ".tbl")
 
     def known(self, key: str) -> bool:
         """Is the table for key (or the fact that there is none) in memory?"""
@@ -488,9 +534,9 @@ class TableCache:
         return t
 
     def _read(self, key: str) -> Optional[UnwindTable]:
-        if self.dir is None:
-            return None
         path = self.path_of(key)
+        if path is None:
+            return None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -511,9 +557,10 @@ class TableCache:
         return t
 
     def _write(self, key: str, t: UnwindTable) -> bool:
-        if self.dir is None:
+        path = self.path_of(key)
+        if path is None:
             return False
-        ok = cachedir.write_private(os.path.join(self.dir, key + ".tbl"), serialize(t))
+        ok = cachedir.write_private(path, serialize(t))
         self._prune()
         return ok
 
