@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # Builds, idempotently and cached, the CPythons of the test matrix that cannot
 # run on the host (DESIGN.md "Testing"): a minimal Debian testing ("forky")
-# root holding Debian's python3.14 and python3.14-dbg, plus a free-threaded
-# CPython 3.13t built inside it from the upstream tarball of Debian's python3.13
-# source package. Their glibc is newer than the host's: they run only inside the
-# root, which is also our container case (other root, other glibc).
+# root holding Debian's python3.14, python3.14-dbg, python3.15 and python3.15-dbg,
+# a launcher that runs 3.15 from Debian's shared libpython3.15.so, and the
+# free-threaded CPython 3.13t, built inside it from the upstream tarball of
+# Debian's python3.13 source package (the archive holds no source of 3.14 or
+# 3.15). Their glibc is newer
+# than the host's: they run only inside the root, which is also our container
+# case (other root, other glibc).
 #
 # Usage: tools/build-chroot.sh            (as root; `make test` runs it)
 #   PYOFFCPU_CHROOT  the root (default /var/cache/pyoffcpu/chroot/forky)
 #   PYOFFCPU_MIRROR  the Debian mirror (default: read from apt's own sources)
-#   PYOFFCPU_JOBS    make -j for the 3.13t build (default 2)
+#   PYOFFCPU_JOBS    make -j for the free-threaded builds (default 2)
 # Build output goes to ROOT.log (next to the root, not inside it).
 #
 # Stages, each skipped when its stamp ROOT/.pyoffcpu-stage-NAME holds the
 # stage's current settings: debootstrap (a half-finished root is removed and
-# redone), packages, python3.13t, verify. With everything in place a run prints
+# redone), packages, shared315 (the launcher), python313t, verify. With everything in place a run prints
 # one "ready" line and takes a few milliseconds.
 # debootstrap is never installed on the host: the newest .deb apt can see is
 # unpacked into a temporary directory (forky's own when the host's does not know
@@ -24,7 +27,7 @@
 #
 # Running a program in the root (ROOT=/var/cache/pyoffcpu/chroot/forky):
 #   chroot ROOT /usr/bin/python3.14 -c 'print(1)'
-#       works without /proc: checked 2026-12 with all three interpreters (they
+#       works without /proc: checked 2026-12 with the 3.14 and 3.13t interpreters (they
 #       start, find their prefix, import sysconfig, ctypes, hashlib, zlib,
 #       asyncio, run threads, take a multiprocessing.Lock; ROOT/dev/shm is a
 #       plain directory, which sem_open is content with). What needs /proc is
@@ -38,8 +41,10 @@
 #   unshare --pid --fork --mount --mount-proc=ROOT/proc chroot ROOT /usr/bin/python3.14 ...
 #       also in its own PID namespace: it is PID 1 there, and its host PID is
 #       that of the unshare process's child, not the one you spawned.
-# The interpreters, as seen inside the root: /usr/bin/python3.14 (release),
-# /usr/bin/python3.14d (python3.14-dbg), /opt/python3.13t/bin/python3.13t.
+# The interpreters, as seen inside the root: /usr/bin/python3.14 and
+# /usr/bin/python3.15 (release, static), /usr/bin/python3.14d and
+# /usr/bin/python3.15d (-dbg), /opt/python3.15-shared/bin/python3.15 (3.15 from
+# libpython3.15.so), /opt/python3.13t/bin/python3.13t.
 set -Eeuo pipefail
 
 if [ "$(id -u)" != 0 ]; then
@@ -51,20 +56,36 @@ ROOT=${PYOFFCPU_CHROOT:-/var/cache/pyoffcpu/chroot/forky}
 SUITE=forky
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 JOBS=${PYOFFCPU_JOBS:-2}
-# python3.14 and -dbg, and what the 3.13t build needs (libffi: ctypes).
-PACKAGES=(python3.14 python3.14-dbg gcc make libc6-dev libffi-dev zlib1g-dev xz-utils pkgconf)
-FT_PREFIX=/opt/python3.13t
-# --without-ensurepip: the tests need no pip in 3.13t, and installing it costs a minute.
-FT_CONFIGURE=(--disable-gil --enable-shared "--prefix=$FT_PREFIX" --without-ensurepip
-              "LDFLAGS=-Wl,-rpath,$FT_PREFIX/lib")
-INTERPRETERS=(/usr/bin/python3.14 /usr/bin/python3.14d "$FT_PREFIX/bin/python3.13t")
+# python3.14, 3.15 and their -dbg, libpython3.15-dev (the shared library and
+# its headers, for the launcher), and what the free-threaded builds need
+# (libffi: ctypes).
+PACKAGES=(python3.14 python3.14-dbg python3.15 python3.15-dbg libpython3.15-dev
+          gcc make libc6-dev libffi-dev zlib1g-dev xz-utils pkgconf)
+# Only 3.13t: the archive here holds no source package of python3.14 or
+# python3.15 (404), and nothing else may be downloaded.
+FT_MINORS=(13)
+# --without-ensurepip: the tests need no pip there, and installing it costs a minute.
+ft_prefix() { echo "/opt/python3.$1t"; }
+ft_configure() {
+    local prefix
+    prefix=$(ft_prefix "$1")
+    echo --disable-gil --enable-shared "--prefix=$prefix" --without-ensurepip \
+        "LDFLAGS=-Wl,-rpath,$prefix/lib"
+}
+SHARED315=/opt/python3.15-shared/bin/python3.15
+INTERPRETERS=(/usr/bin/python3.14 /usr/bin/python3.14d /usr/bin/python3.15 /usr/bin/python3.15d
+              "$SHARED315")
+for m in "${FT_MINORS[@]}"; do INTERPRETERS+=("$(ft_prefix "$m")/bin/python3.${m}t"); done
 
 # What each stage's stamp holds: a stage whose settings changed is done again.
 KEY_debootstrap="$SUITE minbase"
 KEY_packages="${PACKAGES[*]}"
-KEY_python313t="python3.13 source package; ${FT_CONFIGURE[*]}"
+KEY_shared315="Py_BytesMain against libpython3.15.so into $SHARED315"
+for m in "${FT_MINORS[@]}"; do
+    printf -v "KEY_python3${m}t" '%s' "python3.$m source package; $(ft_configure "$m")"
+done
 KEY_verify="${INTERPRETERS[*]}"
-STAGES=(debootstrap packages python313t verify)
+STAGES=(debootstrap packages shared315 python313t verify)
 
 case $ROOT in
     /*) ;;
@@ -319,25 +340,46 @@ EOF
     stage_end
 }
 
-stage_python313t() {
-    stage_begin python313t "free-threaded CPython 3.13t from Debian's python3.13 upstream tarball into $FT_PREFIX (make -j$JOBS)"
-    rm -rf "$ROOT/build" "$ROOT$FT_PREFIX"
+# A free-threaded CPython 3.$1t, from the upstream tarball of Debian's python3.$1
+# source package, into ft_prefix $1.
+stage_python3t() {
+    local m=$1 prefix
+    prefix=$(ft_prefix "$m")
+    # shellcheck disable=SC2046
+    set -- $(ft_configure "$m")
+    stage_begin "python3${m}t" "free-threaded CPython 3.${m}t from Debian's python3.$m upstream tarball into $prefix (make -j$JOBS)"
+    rm -rf "$ROOT/build" "$ROOT$prefix"
     mkdir -p "$ROOT/build"
     # shellcheck disable=SC2016
-    logged in_root JOBS="$JOBS" /bin/sh -c '
+    logged in_root JOBS="$JOBS" MINOR="$m" /bin/sh -c '
         set -e
         cd /build
-        apt-get -q -o APT::Sandbox::User=root source --download-only python3.13
-        tarball=$(ls python3.13_3.13.*.orig.tar.xz | head -n 1)
+        apt-get -q -o APT::Sandbox::User=root source --download-only python3.$MINOR
+        tarball=$(ls python3.${MINOR}_3.${MINOR}.*.orig.tar.xz | head -n 1)
         echo "build-chroot: building from $tarball"
         tar -xf "$tarball"
-        cd Python-3.13.*/
+        cd Python-3.$MINOR.*/
         ./configure "$@"
         make -j"$JOBS"
         make install
-    ' sh "${FT_CONFIGURE[@]}"
-    echo "build-chroot: built from $(cd "$ROOT/build" && ls python3.13_3.13.*.orig.tar.xz)"
+    ' sh "$@"
+    echo "build-chroot: built from $(cd "$ROOT/build" && ls python3."$m"_3."$m".*.orig.tar.xz)"
     rm -rf "$ROOT/build"
+    stage_end
+}
+
+# 3.15 run from Debian's libpython3.15.so: Debian's own python3.15 is static,
+# so a shared-libpython 3.15 is a program that embeds it, as uwsgi or a C++
+# server does. Py_BytesMain is all of python3.15's main(); the interpreter
+# finds its library (/usr/lib/python3.15) from the prefix built into libpython.
+stage_shared315() {
+    stage_begin shared315 "a launcher of libpython3.15.so at $SHARED315"
+    mkdir -p "$ROOT$(dirname "$SHARED315")"
+    printf '%s\n' '#include <Python.h>' \
+        'int main(int argc, char **argv) { return Py_BytesMain(argc, argv); }' \
+        >"$ROOT$(dirname "$SHARED315")/main.c"
+    logged in_root gcc -O2 -I/usr/include/python3.15 -o "$SHARED315" \
+        "$(dirname "$SHARED315")/main.c" -lpython3.15
     stage_end
 }
 
@@ -351,13 +393,17 @@ print("gil_enabled", sys._is_gil_enabled(), "debug", hasattr(sys, "gettotalrefco
         out=$(in_root "$p" -c "$check" 2>&1) || die "$p does not run in $ROOT: $out"
         echo "build-chroot: $p: ${out//$'\n'/; }"
         case $p in
-            */python3.13t) want="gil_enabled False debug False" ;;
-            */python3.14d) want="gil_enabled True debug True" ;;
+            */python3.1?t) want="gil_enabled False debug False" ;;
+            */python3.1?d) want="gil_enabled True debug True" ;;
             *) want="gil_enabled True debug False" ;;
         esac
         [ "${out##*$'\n'}" = "$want" ] || die "$p: expected '$want', got '${out##*$'\n'}'"
+        if [ "$p" = "$SHARED315" ]; then
+            in_root "$p" -c 'import sys; sys.exit("libpython3.15.so" not in open("/proc/self/maps").read())' ||
+                die "$p does not run from libpython3.15.so"
+        fi
         case $p in
-            */python3.13t) [[ $out == *" 1 sys.flags("* ]] || die "$p: Py_GIL_DISABLED is not 1" ;;
+            */python3.1?t) [[ $out == *" 1 sys.flags("* ]] || die "$p: Py_GIL_DISABLED is not 1" ;;
             *) [[ $out == *" 0 sys.flags("* ]] || die "$p: Py_GIL_DISABLED is not 0" ;;
         esac
     done
@@ -372,10 +418,16 @@ if ! stage_done packages; then
     rm -f "$(stamp verify)"
     stage_packages
 fi
-if ! stage_done python313t; then
+if ! stage_done shared315; then
     rm -f "$(stamp verify)"
-    stage_python313t
+    stage_shared315
 fi
+for m in "${FT_MINORS[@]}"; do
+    if ! stage_done "python3${m}t"; then
+        rm -f "$(stamp verify)"
+        stage_python3t "$m"
+    fi
+done
 stage_done verify || stage_verify
 STAGE=done
 ready

@@ -19,8 +19,13 @@ small C probe, compiles it with ``gcc -DPy_BUILD_CORE`` (falling back to
 ``offsetof()`` / ``sizeof()`` values listed in :data:`KEYS`.  A field that a
 version does not have is -1.
 
+3.15 is compiled the same way inside the Debian testing root that
+``tools/build-chroot.sh`` builds (``$PYOFFCPU_CHROOT``, default
+``/var/cache/pyoffcpu/chroot/forky``), against Debian's ``libpython3.15-dev``
+headers (``/usr/include/python3.15``), with the root's gcc; that needs root.
+
 The result is the data module ``OFFSETS = {(3, 7): {...}, ...}``.  3.14 has no
-compiled headers here; its values are transcribed from the reference document
+compiled headers in the table; its values are transcribed from the reference document
 (``/work/shared/reference/cpython-frames.md``, "from source, not compiled") into a
 separate ``OFFSETS_FROM_SOURCE`` dict, -1 where the document gives nothing (plus
 the autoTSSkey position, SOURCE_314_EXTRA below).
@@ -60,6 +65,9 @@ TABLE_PATH = os.path.join(REPO, "pytool", "pyoffcpu", "cpython", "offsets_table.
 GENERATE_CMD = "python3 tools/gen_offsets.py"
 
 MIN_MINOR, MAX_MINOR = 7, 13
+# Minor versions compiled in the Debian testing root (Debian's -dev headers).
+CHROOT_MINORS = (15,)
+CHROOT = os.path.realpath(os.environ.get("PYOFFCPU_CHROOT", "/var/cache/pyoffcpu/chroot/forky"))
 
 # Table keys, in output order.
 KEYS = (
@@ -197,6 +205,11 @@ _CFRAME = {"tstate_cframe", "cframe_current_frame"}
 def expected_absent(minor):
     absent = set()
     absent.add("interp_ceval_gil" if minor <= 11 else "runtime_gil")
+    if minor >= 15:
+        # 3.15 keeps each thread's PyThreadState in thread-local variables
+        # (_Py_tss_gilstate), not under a pthread key; and its frames have no
+        # FRAME_OWNED_BY_CSTACK owner
+        absent |= {"runtime_autotss", "owner_cstack"}
     if minor <= 10:
         absent |= _IFRAME | _CFRAME | {"iframe_is_entry", "owner_cstack",
                                        "tstate_current_frame"}
@@ -242,7 +255,7 @@ int main(void)
     P("runtime_interpreters_head", offsetof(_PyRuntimeState, interpreters.head));
 #if PY_VERSION_HEX < 0x030C0000
     P("runtime_autotss", offsetof(_PyRuntimeState, gilstate.autoTSSkey));
-#else
+#elif PY_VERSION_HEX < 0x030F0000
     P("runtime_autotss", offsetof(_PyRuntimeState, autoTSSkey));
 #endif
     P("tss_is_initialized", offsetof(Py_tss_t, _is_initialized));
@@ -304,9 +317,10 @@ int main(void)
     P("iframe_owner", offsetof(_PyInterpreterFrame, owner));
     P("x_iframe_size", sizeof(_PyInterpreterFrame));
     P("owner_generator", FRAME_OWNED_BY_GENERATOR);
-#  if PY_VERSION_HEX >= 0x030C0000
+#  if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000
     P("owner_cstack", FRAME_OWNED_BY_CSTACK);
 #  endif
+
 #endif
 
     P("code_firstlineno", offsetof(PyCodeObject, co_firstlineno));
@@ -455,17 +469,35 @@ def find_installs():
     return found
 
 
-def compile_probe(include_dir, workdir):
-    """Compile and run the probe against one install; return {key: int}."""
+def find_chroot_installs():
+    """{(3, minor): [(None, include_dir)]} for the CHROOT_MINORS whose Debian
+    headers the root holds (include_dir as seen inside the root); {} when
+    there is no root, or we are not root (chroot(2) needs it)."""
+    found = {}
+    if os.geteuid() != 0:
+        return found
+    for minor in CHROOT_MINORS:
+        inc = "/usr/include/python3.%d" % minor
+        if os.path.isfile(os.path.join(CHROOT + inc, "internal", "pycore_debug_offsets.h")):
+            found[(3, minor)] = [(None, inc)]
+    return found
+
+
+def compile_probe(include_dir, workdir, root=None):
+    """Compile and run the probe against one install; return {key: int}.
+    `root`: compile and run it inside that root (chroot), where `workdir`
+    and `include_dir` are paths as seen from inside."""
+    outside = (root or "") + workdir
     src = os.path.join(workdir, "probe.c")
     exe = os.path.join(workdir, "probe")
-    with open(src, "w") as fh:
+    with open(os.path.join(outside, "probe.c"), "w") as fh:
         fh.write(PROBE_C)
+    pre = ["chroot", root] if root else []
     errors = []
     for define in ("-DPy_BUILD_CORE", "-DPy_BUILD_CORE_MODULE"):
-        cmd = ["gcc", "-std=gnu11", "-O0", define,
-               "-I", include_dir, "-I", os.path.join(include_dir, "internal"),
-               src, "-o", exe]
+        cmd = pre + ["gcc", "-std=gnu11", "-O0", define,
+                     "-I", include_dir, "-I", os.path.join(include_dir, "internal"),
+                     src, "-o", exe]
         res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              universal_newlines=True)
         if res.returncode == 0:
@@ -474,7 +506,7 @@ def compile_probe(include_dir, workdir):
     else:
         raise RuntimeError("probe did not compile for %s:\n%s"
                            % (include_dir, "\n".join(errors)))
-    out = subprocess.run([exe], stdout=subprocess.PIPE, universal_newlines=True,
+    out = subprocess.run(pre + [exe], stdout=subprocess.PIPE, universal_newlines=True,
                          check=True).stdout
     values = {}
     for line in out.splitlines():
@@ -491,14 +523,22 @@ def generate():
     if not installs:
         raise RuntimeError("no pyenv CPython 3.%d-3.%d with headers found under %s"
                            % (MIN_MINOR, MAX_MINOR, pyenv_root()))
+    in_root = find_chroot_installs()
+    installs.update(in_root)
     offsets, sources, extras, debug, problems = {}, {}, {}, {}, []
-    with tempfile.TemporaryDirectory(prefix="gen_offsets.") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gen_offsets.") as tmp, \
+            tempfile.TemporaryDirectory(prefix="gen_offsets.", dir=CHROOT + "/tmp"
+                                        if in_root else None) as root_tmp:
         for ver in sorted(installs):
             per_patch = []
             for name, inc in installs[ver]:
-                vals = compile_probe(inc, tmp)
-                if vals.pop("version") != name:
-                    problems.append("%s: headers report another version" % name)
+                if ver in in_root:
+                    vals = compile_probe(inc, root_tmp[len(CHROOT):], root=CHROOT)
+                    name = vals.pop("version") + " (Debian)"
+                else:
+                    vals = compile_probe(inc, tmp)
+                    if vals.pop("version") != name:
+                        problems.append("%s: headers report another version" % name)
                 per_patch.append((name, vals))
             name, vals = per_patch[-1]
             for other, ovals in per_patch[:-1]:
@@ -521,9 +561,10 @@ def generate():
             offsets[ver] = table
             sources[ver] = [n for n, _ in per_patch]
             extras[ver] = {k: vals.get(k, -1) for k in EXTRA_KEYS}
-            if ver >= (3, 13) and set(debug[ver]) != set(DEBUG_KEYS):
+            want = set(DEBUG_KEYS)
+            if ver >= (3, 13) and set(debug[ver]) != want:
                 problems.append("3.%d: _Py_DebugOffsets positions missing for %s"
-                                % (ver[1], sorted(set(DEBUG_KEYS) - set(debug[ver]))))
+                                % (ver[1], sorted(want - set(debug[ver]))))
     debug = {ver: pos for ver, pos in debug.items() if pos}
     return offsets, sources, extras, debug, problems
 
@@ -594,10 +635,12 @@ def render(offsets, sources, debug):
         '"""CPython struct offsets and constants for x86_64 Linux (default GIL builds).',
         "",
         "OFFSETS: compiled offsetof()/sizeof() values, from gcc against the pyenv",
-        "headers of the releases in COMPILED_FROM.  -1 means the version has no such",
+        "headers of the releases in COMPILED_FROM (3.15: Debian's libpython3.15-dev,",
+        "in tools/build-chroot.sh's root).  -1 means the version has no such",
         "field.  Notes: tstate_cframe/cframe_current_frame are only given for 3.11",
         "and 3.12 (3.10 has a tstate->cframe, but it holds no frame pointer);",
-        "owner_* are FRAME_OWNED_BY_* enum values, not offsets.",
+        "owner_* are FRAME_OWNED_BY_* enum values, not offsets.  3.15 has no",
+        "autoTSSkey (runtime_autotss -1: cpython/tls.py) and no CSTACK owner.",
         "",
         "OFFSETS_FROM_SOURCE: NOT compiled.  3.14 values transcribed from the",
         "project reference (cpython-frames.md, layouts computed from the v3.14.0",
@@ -667,7 +710,8 @@ def main(argv=None):
         for line in problems:
             print("  " + line, file=sys.stderr)
         return 3
-    missing = [m for m in range(MIN_MINOR, MAX_MINOR + 1) if (3, m) not in offsets]
+    missing = [m for m in list(range(MIN_MINOR, MAX_MINOR + 1)) + list(CHROOT_MINORS)
+               if (3, m) not in offsets]
     if missing:
         print("gen_offsets: warning: no install for 3.%s"
               % ", 3.".join(str(m) for m in missing), file=sys.stderr)

@@ -3,10 +3,12 @@
 """CPython struct offsets and constants for x86_64 Linux (default GIL builds).
 
 OFFSETS: compiled offsetof()/sizeof() values, from gcc against the pyenv
-headers of the releases in COMPILED_FROM.  -1 means the version has no such
+headers of the releases in COMPILED_FROM (3.15: Debian's libpython3.15-dev,
+in tools/build-chroot.sh's root).  -1 means the version has no such
 field.  Notes: tstate_cframe/cframe_current_frame are only given for 3.11
 and 3.12 (3.10 has a tstate->cframe, but it holds no frame pointer);
-owner_* are FRAME_OWNED_BY_* enum values, not offsets.
+owner_* are FRAME_OWNED_BY_* enum values, not offsets.  3.15 has no
+autoTSSkey (runtime_autotss -1: cpython/tls.py) and no CSTACK owner.
 
 OFFSETS_FROM_SOURCE: NOT compiled.  3.14 values transcribed from the
 project reference (cpython-frames.md, layouts computed from the v3.14.0
@@ -75,6 +77,7 @@ COMPILED_FROM = {
     (3, 11): ('3.11.7',),
     (3, 12): ('3.12.1',),
     (3, 13): ('3.13.0',),
+    (3, 15): ('3.15.0 (Debian)',),
 }
 
 OFFSETS = {
@@ -421,6 +424,55 @@ OFFSETS = {
         "owner_cstack": 3,
         "owner_generator": 1,
     },
+    (3, 15): {
+        "runtime_interpreters_head": 936,
+        "runtime_autotss": -1,
+        "tss_is_initialized": 0,
+        "tss_key": 4,
+        "interp_next": 7264,
+        "interp_threads_head": 7336,
+        "runtime_gil": -1,
+        "interp_ceval_gil": 16,
+        "gil_last_holder": 8,
+        "gil_locked": 16,
+        "tstate_next": 8,
+        "tstate_interp": 16,
+        "tstate_thread_id": 176,
+        "tstate_native_thread_id": 184,
+        "tstate_frame": -1,
+        "tstate_cframe": -1,
+        "cframe_current_frame": -1,
+        "tstate_current_frame": 72,
+        "frame_back": -1,
+        "frame_code": -1,
+        "frame_lasti": -1,
+        "iframe_code": 0,
+        "iframe_previous": 8,
+        "iframe_instr": 56,
+        "iframe_is_entry": -1,
+        "iframe_owner": 74,
+        "code_firstlineno": 68,
+        "code_filename": 112,
+        "code_name": 120,
+        "code_qualname": 128,
+        "code_linetable": 136,
+        "code_code": -1,
+        "code_code_adaptive": 208,
+        "code_firsttraceable": 192,
+        "bytes_size": 16,
+        "bytes_data": 32,
+        "unicode_length": 16,
+        "unicode_state": 32,
+        "ascii_data": 40,
+        "compact_data": 56,
+        "compact_utf8": 48,
+        "compact_utf8_length": 40,
+        "object_type": 8,
+        "type_basicsize": 32,
+        "type_name": 24,
+        "owner_cstack": -1,
+        "owner_generator": 1,
+    },
 }
 
 # 3.14: from source, NOT compiled -- see the module docstring.
@@ -510,6 +562,37 @@ DEBUG_POSITIONS = {
         "unicode_length": 552,
         "ascii_data": 560,
         "sizeof": 584,
+    },
+    (3, 15): {
+        "version": 8,
+        "free_threaded": 16,
+        "runtime_interpreters_head": 40,
+        "interp_next": 64,
+        "interp_threads_head": 72,
+        "interp_ceval_gil": 120,
+        "tstate_next": 192,
+        "tstate_interp": 200,
+        "tstate_current_frame": 208,
+        "tstate_thread_id": 240,
+        "tstate_native_thread_id": 248,
+        "iframe_previous": 320,
+        "iframe_code": 328,
+        "iframe_instr": 336,
+        "iframe_owner": 352,
+        "code_filename": 384,
+        "code_name": 392,
+        "code_qualname": 400,
+        "code_linetable": 408,
+        "code_firstlineno": 416,
+        "code_code_adaptive": 448,
+        "object_type": 472,
+        "type_name": 488,
+        "bytes_size": 696,
+        "bytes_data": 704,
+        "unicode_state": 720,
+        "unicode_length": 728,
+        "ascii_data": 736,
+        "sizeof": 888,
     },
 }
 
