@@ -119,13 +119,21 @@ static __always_inline u64 read_u64(u64 addr, int *failed)
 }
 
 /* The current thread's PyThreadState, as pthread_getspecific(autoTSSkey)
- * would return it: the gilstate binding survives while a thread blocks with
- * the GIL released (3.12+ clear _Py_tss_tstate then; see reference §7). */
+ * would return it, or from 3.15 the thread-local _Py_tss_gilstate: the
+ * gilstate binding survives while a thread blocks with the GIL released
+ * (3.12+ clear _Py_tss_tstate then; see reference §7).  Both lie at a fixed
+ * distance from the thread pointer (the %fs base, glibc's struct pthread). */
 static __always_inline u64 current_tstate(struct proc_info *pi)
 {
     int key = pi->tss_key;
     int specific = pi->pthread_specific;
-    if (key < 0 || key >= 32 || specific < 0)   /* only glibc's first block of keys */
+    s64 distance;
+    if (key >= 0 && key < 32 && specific >= 0)  /* only glibc's first block of keys */
+        /* struct pthread_key_data { uintptr_t seq; void *data; } specific_1stblock[32] */
+        distance = specific + key * 16 + 8;
+    else if (pi->tstate_tls)
+        distance = pi->tstate_tls;
+    else
         return 0;
     u64 task = bpf_get_current_task();
     u64 fsbase = 0;
@@ -133,8 +141,7 @@ static __always_inline u64 current_tstate(struct proc_info *pi)
     if (!fsbase)
         return 0;
     int failed = 0;
-    /* struct pthread_key_data { uintptr_t seq; void *data; } specific_1stblock[32] */
-    return read_u64(fsbase + specific + key * 16 + 8, &failed);
+    return read_u64(fsbase + distance, &failed);
 }
 
 static __always_inline u64 first_frame(struct proc_info *pi, u64 tstate, int *failed)

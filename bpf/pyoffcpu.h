@@ -66,6 +66,9 @@ struct proc_info {
     int interp_ceval_gil;           /* 3.12+; -1: the GIL is at gil_addr */
     int gil_holder;
     unsigned long long gil_addr;    /* at 80: no padding (bcc would name it) */
+    /* 3.15+: the distance of the thread-local _Py_tss_gilstate from the
+     * thread pointer (pytool/pyoffcpu/cpython/tls.py); 0: under tss_key. */
+    long long tstate_tls;
 };
 
 struct py_frame {

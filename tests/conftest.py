@@ -94,7 +94,7 @@ class Interpreter:
 # The supported CPython matrix (DESIGN.md "Testing"), named here and never
 # discovered: a missing interpreter fails CI (PYOFFCPU_REQUIRE_BPF=1) instead of
 # shrinking the matrix. pyenv builds are shared (libpython3.X.so), Debian's is
-# static. 3.14 is covered without an interpreter (test_cpython_314.py).
+# static. 3.14 and 3.15 run in the chroot (CHROOT_MATRIX below).
 CPYTHON_MATRIX = [
     Interpreter("pyenv-3.7", (3, 7), lambda: pyenv_python("3.7")),
     Interpreter("pyenv-3.8", (3, 8), lambda: pyenv_python("3.8")),
@@ -131,6 +131,10 @@ CHROOT_MATRIX = [
     _in_chroot("debian-3.14", (3, 14), "/usr/bin/python3.14"),     # static, non-PIE, stripped
     _in_chroot("debian-3.14d", (3, 14), "/usr/bin/python3.14d"),   # python3.14-dbg: static too
     _in_chroot("ft-3.13t", (3, 13), "/opt/python3.13t/bin/python3.13t"),  # --disable-gil, shared
+    _in_chroot("debian-3.15", (3, 15), "/usr/bin/python3.15"),     # static, frame pointers
+    _in_chroot("debian-3.15d", (3, 15), "/usr/bin/python3.15d"),   # python3.15-dbg
+    # Debian's libpython3.15.so, run by an embedding launcher (build-chroot.sh)
+    _in_chroot("debian-3.15-shared", (3, 15), "/opt/python3.15-shared/bin/python3.15"),
 ]
 CHROOT_INTERPRETERS = {i.label: i for i in CHROOT_MATRIX}
 CHROOT_LABELS = [i.label for i in CHROOT_MATRIX]

@@ -27,8 +27,8 @@ import time
 
 import pytest
 
-from conftest import (MATRIX_LABELS, WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip,
-                      source_line,
+from conftest import (CHROOT_LABELS, MATRIX_LABELS, WORKLOADS, Workload, chroot_cmd,
+                      chroot_workloads, env, pyoffcpu_cmd, python_or_skip, source_line,
                       record_folded, wait_for_recording)
 from pyoffcpu.profile.model import FrameKind, from_folded
 
@@ -75,10 +75,14 @@ def test_two_callers_workload_splits_30_70_by_its_own_clock(label):
     assert abs(a - 30) <= 10 and abs(b - 70) <= 10, res.stdout
 
 
-@pytest.mark.parametrize("label", MATRIX_LABELS)
+@pytest.mark.parametrize("label", MATRIX_LABELS + ["debian-3.15"])
 def test_helper_called_from_two_lines_is_charged_to_each_line(label, tmp_path, bpf):
     python = python_or_skip(label)
-    w = Workload(python, "two_callers.py", 60)
+    if label in CHROOT_LABELS:
+        w = Workload(None, "two_callers.py", argv=chroot_cmd(
+            label, os.path.join(chroot_workloads(), "two_callers.py"), 60))
+    else:
+        w = Workload(python, "two_callers.py", 60)
     out = tmp_path / "out.folded"
     p = None
     try:

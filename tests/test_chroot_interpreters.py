@@ -1,6 +1,7 @@
 """The interpreters tools/build-chroot.sh builds in its Debian testing root
 (conftest.CHROOT_LABELS) run there and are what their labels say: Debian's
-3.14 release build, its 3.14d debug build, and a free-threaded 3.13t.
+3.14 and 3.15 release builds, their debug builds, 3.15 from Debian's
+libpython3.15.so, and a free-threaded 3.13t.
 
 Here: they run, and the free-threaded build's parallel threads each get
 their own stacks (test_parallel_threads_keep_their_own_stacks). Their known
@@ -36,6 +37,9 @@ EXPECTED = {
     "debian-3.14": (False, False),
     "debian-3.14d": (False, True),
     "ft-3.13t": (True, False),
+    "debian-3.15": (False, False),
+    "debian-3.15d": (False, True),
+    "debian-3.15-shared": (False, False),
 }
 
 

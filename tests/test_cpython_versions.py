@@ -118,21 +118,27 @@ class Run:
         return _expected(self.minor, self.wdir)[case]
 
 
-# Every interpreter of the matrix, the chroot's (Debian testing's 3.14 and
-# 3.14d, a free-threaded 3.13t: tools/build-chroot.sh), and Debian's 3.14 once
-# more as a container: in PID and mount namespaces of its own, where the ids it
-# sees are not the host's.
-NS_LABEL = "debian-3.14-ns"
-RUN_LABELS = MATRIX_LABELS + CHROOT_LABELS + [NS_LABEL]
+# Every interpreter of the matrix, the chroot's (Debian testing's 3.14, 3.14d,
+# 3.15, 3.15d, 3.15 from libpython3.15.so, a free-threaded 3.13t:
+# tools/build-chroot.sh), and Debian's 3.14 and 3.15 once more as containers:
+# in PID and mount namespaces of their own, where the ids they see are not the
+# host's.
+NS_LABELS = {"debian-3.14-ns": "debian-3.14", "debian-3.15-ns": "debian-3.15"}
+RUN_LABELS = MATRIX_LABELS + CHROOT_LABELS + sorted(NS_LABELS)
 
 
 def test_matrix_names_every_supported_minor():
-    """The named matrix covers every minor in SUPPORTED (3.14 has no
-    interpreter here: test_cpython_314.py), pyenv's shared builds for each and
-    Debian's static 3.11; no label twice."""
+    """The named matrix covers every minor in SUPPORTED: pyenv's shared
+    builds for 3.7-3.13, Debian's static 3.11, and Debian testing's 3.14 and
+    3.15 in the chroot (static, debug and, for 3.15, shared); no label twice."""
     assert len(set(MATRIX_LABELS)) == len(MATRIX_LABELS), MATRIX_LABELS
     pyenv = {i.minor for i in CPYTHON_MATRIX if i.label.startswith("pyenv-")}
-    assert pyenv == set(SUPPORTED) - {(3, 14)}, (sorted(pyenv), SUPPORTED)
+    assert pyenv == set(SUPPORTED) - {(3, 14), (3, 15)}, (sorted(pyenv), SUPPORTED)
+    for minor in ((3, 14), (3, 15)):
+        for suffix in ("", "d"):
+            label = "debian-%d.%d%s" % (minor + (suffix,))
+            assert CHROOT_INTERPRETERS[label].minor == minor, label
+    assert CHROOT_INTERPRETERS["debian-3.15-shared"].minor == (3, 15)
     assert "debian-3.11" in INTERPRETERS and INTERPRETERS["debian-3.11"].minor == (3, 11)
     for i in CPYTHON_MATRIX:
         assert i.label.endswith("-%d.%d" % i.minor), i.label
@@ -141,7 +147,7 @@ def test_matrix_names_every_supported_minor():
 @pytest.fixture(scope="module", params=RUN_LABELS)
 def run(request, tmp_path_factory, bpf):
     label = request.param
-    base = "debian-3.14" if label == NS_LABEL else label
+    base = NS_LABELS.get(label, label)
     python = python_or_skip(base)
     probe = ["-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"]
     interp = CHROOT_INTERPRETERS.get(base)
@@ -153,7 +159,7 @@ def run(request, tmp_path_factory, bpf):
         wdir, root = chroot_workloads(), interp.chroot
         version_argv = chroot_cmd(base, *probe)
         script = os.path.join(wdir, "known_stacks.py")
-        if label == NS_LABEL:
+        if label in NS_LABELS:
             start = lambda: NsWorkload(None, "known_stacks.py",           # noqa: E731
                                        argv=chroot_ns_cmd(base, script, 60))
         else:
@@ -288,7 +294,7 @@ def test_no_garbage_frames(run):
             assert f.file != "<shim>" and f.name != "<interpreter trampoline>", key
 
 
-BUILD_KIND = {"debian-3.14d": " debug", "ft-3.13t": " free-threaded"}
+BUILD_KIND = {"debian-3.14d": " debug", "debian-3.15d": " debug", "ft-3.13t": " free-threaded"}
 
 
 def test_version_and_no_layout_notice(run):
@@ -309,7 +315,7 @@ def test_container_ids_next_to_the_host_ids(run):
     """In its own PID namespace the interpreter is PID 1 there: the roots
     keep the host's ids (what -p takes) and show the namespace's beside them."""
     pid = run.pid
-    if run.label != NS_LABEL:
+    if run.label not in NS_LABELS:
         assert run.prof.ns_ids == {}, run.prof.ns_ids
         return
     assert run.prof.ns_ids.get(pid) == 1, run.prof.ns_ids

@@ -13,7 +13,7 @@ import pytest
 from conftest import (CHROOT_LABELS, MATRIX_LABELS, Workload, chroot_cmd, chroot_workloads, env,
                       pyoffcpu_cmd, python_or_skip, source_line)
 
-LABELS = MATRIX_LABELS + ["debian-3.14"]
+LABELS = MATRIX_LABELS + ["debian-3.14", "debian-3.15"]
 
 
 def start(label, *args):

@@ -9,7 +9,7 @@ import pytest
 from conftest import (CHROOT_LABELS, MATRIX_LABELS, Workload, chroot_cmd, chroot_workloads,
                       python_or_skip, run_pyoffcpu)
 
-GIL_LABELS = MATRIX_LABELS + ["debian-3.14", "debian-3.14d"]
+GIL_LABELS = MATRIX_LABELS + ["debian-3.14", "debian-3.14d", "debian-3.15", "debian-3.15d"]
 SECONDS = 2
 
 
@@ -66,7 +66,7 @@ def test_two_spinners_hold_the_gil_in_turn(tmp_path, bpf, label):
 
 
 @pytest.mark.parametrize("label", ["pyenv-3.9", "pyenv-3.11", "pyenv-3.13", "debian-3.11",
-                                   "debian-3.14"])
+                                   "debian-3.14", "debian-3.15"])
 def test_c_code_that_released_the_gil_runs_without_it(tmp_path, bpf, label):
     """hashlib lets the GIL go while it hashes: the hasher's on-CPU time is
     time without the GIL, the spinners' time with it; no Python frame is on

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from conftest import (WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip, record_folded,
-                      source_line, wait_for_recording)
+from conftest import (CHROOT_LABELS, WORKLOADS, Workload, chroot_cmd, chroot_workloads, env,
+                      pyoffcpu_cmd, python_or_skip, record_folded, source_line, wait_for_recording)
 from pyoffcpu.profile.model import FrameKind, from_folded
 
 WORK_LINES = set(range(source_line("pool.py", "def work(seconds)"), source_line("pool.py", "# WORK") + 1))
@@ -66,12 +66,17 @@ def test_pool_of_a_launched_command(tmp_path, bpf, label, monkeypatch):
     check_pool(prof, res, min(prof.processes), min_work_s=0.95)
 
 
-@pytest.mark.parametrize("label", ["debian-3.11", "pyenv-3.12", "pyenv-3.8"])
+@pytest.mark.parametrize("label", ["debian-3.11", "pyenv-3.12", "pyenv-3.8", "debian-3.15"])
 def test_pool_of_a_registered_process_has_frames_from_each_fork(tmp_path, bpf, label):
     # -p: the parent is registered before it forks, so each worker has the
-    # parent's registration in BPF from its first instruction
+    # parent's registration in BPF from its first instruction (3.15: the
+    # distance of its thread-local PyThreadState too, the same after fork)
     python = python_or_skip(label)
-    w = Workload(python, "pool.py", 1, 60)
+    if label in CHROOT_LABELS:
+        w = Workload(None, "pool.py", argv=chroot_cmd(
+            label, os.path.join(chroot_workloads(), "pool.py"), 1, 60, proc=True))
+    else:
+        w = Workload(python, "pool.py", 1, 60)
     out = tmp_path / "out.folded"
     try:
         rec = subprocess.Popen(pyoffcpu_cmd("--subprocesses", "-p", str(w.pid), "-d", "30", "-o", str(out)),

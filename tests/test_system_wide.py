@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from conftest import (WORKLOADS, chroot_cmd, chroot_ns_cmd, chroot_workloads, env, pyoffcpu_cmd,
+from conftest import (CHROOT_LABELS, WORKLOADS, chroot_cmd, chroot_ns_cmd, chroot_workloads, env,
+                      pyoffcpu_cmd,
                       python_or_skip, source_line, wait_for_recording)
 from pyoffcpu.profile.model import FrameKind, from_folded
 
@@ -29,7 +30,7 @@ def spinner(label, *, via_shell=False, sleep=0.0):
     (after `sleep` seconds asleep)."""
     path = python_or_skip(label)
     environ = dict(os.environ, EXECS_SLEEP=str(sleep))
-    if label.startswith("debian-3.14") or label.startswith("ft-"):
+    if label in CHROOT_LABELS:
         return subprocess.Popen(chroot_cmd(label, os.path.join(chroot_workloads(), "execs.py"),
                                            "after", SPIN_S))
     argv = [path, os.path.join(WORKLOADS, "execs.py"), "after", str(SPIN_S)]
@@ -61,7 +62,7 @@ def python_share(prof, pid):
 
 
 def test_every_python_process_is_found_with_exact_frames(tmp_path, bpf):
-    labels = ["pyenv-3.9", "pyenv-3.12", "debian-3.11", "debian-3.14"]
+    labels = ["pyenv-3.9", "pyenv-3.12", "debian-3.11", "debian-3.14", "debian-3.15"]
     procs = {label: spinner(label) for label in labels}
     c_proc = subprocess.Popen(["sha256sum", "/dev/zero"])     # killed below
     out = tmp_path / "all.folded"

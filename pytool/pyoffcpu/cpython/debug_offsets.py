@@ -57,10 +57,12 @@ def parse_header(blob: bytes) -> Tuple[int, bool]:
     return version, bool(free_threaded)
 
 
-def parse(blob: bytes) -> DebugOffsets:
-    """A whole _Py_DebugOffsets blob of a minor version we know the layout of."""
+def parse(blob: bytes, as_minor: Optional[Tuple[int, int]] = None) -> DebugOffsets:
+    """A whole _Py_DebugOffsets blob of a minor version we know the layout of;
+    `as_minor`: read it with that version's layout instead (a newer minor
+    version, whose values the caller then checks on the live process)."""
     version, free_threaded = parse_header(blob)
-    pos = positions(split_version(version)[:2])
+    pos = positions(as_minor or split_version(version)[:2])
     if pos is None:
         raise BadDebugOffsets("no known _Py_DebugOffsets layout for %d.%d"
                               % split_version(version)[:2])
@@ -77,12 +79,13 @@ def parse(blob: bytes) -> DebugOffsets:
     return DebugOffsets(version, free_threaded, values)
 
 
-def read(mem, runtime: int) -> DebugOffsets:
-    """Read and parse the struct at `runtime` (&_PyRuntime) of a live target."""
+def read(mem, runtime: int, as_minor: Optional[Tuple[int, int]] = None) -> DebugOffsets:
+    """Read and parse the struct at `runtime` (&_PyRuntime) of a live target
+    (`as_minor`: see parse)."""
     version, _ = parse_header(mem.read(runtime, HEADER_SIZE))
-    pos = positions(split_version(version)[:2])
+    pos = positions(as_minor or split_version(version)[:2])
     size = pos["sizeof"] if pos else HEADER_SIZE
-    return parse(mem.read(runtime, size))
+    return parse(mem.read(runtime, size), as_minor)
 
 
 # Values the struct does not publish, each kept at its distance from a value

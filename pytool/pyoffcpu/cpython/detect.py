@@ -27,13 +27,18 @@ from ..native import symbols
 from ..native.elffile import default_cache
 from ..targets.memory import MemoryError_, ProcessMemory
 from ..targets import libc
-from . import debug_offsets
+from . import debug_offsets, livecheck, tls
 from .offsets_table import OFFSETS, OFFSETS_FROM_SOURCE
 
 SUPPORTED = sorted(set(OFFSETS) | set(OFFSETS_FROM_SOURCE))
 SUPPORTED_TEXT = "%d.%d-%d.%d" % (SUPPORTED[0] + SUPPORTED[-1])
+# A minor version above the newest tested one is read with its layout, from
+# its own _Py_DebugOffsets, and profiled only when that layout holds on the
+# live process (livecheck.py).
+NEWEST = SUPPORTED[-1]
 FIRST_BLOCK_KEYS = 32           # glibc keeps keys < 32 inline in struct pthread
 MAX_SCAN_THREADS = 16           # thread states looked at to derive the tss key
+MAX_TLS_THREADS = 1024          # ... and checked against the thread-local (3.15+)
 
 
 @dataclass
@@ -44,6 +49,9 @@ class PythonProcess:
     runtime: int                            # &_PyRuntime in the target
     offsets: Dict[str, int]
     tss_key: int = -1                       # autoTSSkey's pthread key, -1 until known, -2 unusable
+    tstate_tls: Optional[int] = None        # 3.15+: _Py_tss_gilstate's distance from the
+                                            # thread pointer (tls.py), None until known
+    gilstate_func: int = 0                  # &PyGILState_GetThisThreadState (3.15+: tls.py)
     code_type: int = 0                      # &PyCode_Type
     notices: List[str] = field(default_factory=list)
     debug_offsets: bool = False             # offsets include the target's _Py_DebugOffsets
@@ -57,6 +65,11 @@ class PythonProcess:
     @property
     def minor(self) -> Tuple[int, int]:
         return self.version[:2]
+
+    @property
+    def tstate_found(self) -> bool:
+        """Does BPF know where each thread keeps its PyThreadState?"""
+        return self.tss_key >= 0 or self.tstate_tls is not None
 
     @property
     def version_str(self) -> str:
@@ -219,9 +232,9 @@ DEBUG_BUILD_SYMBOLS_313 = ("_Py_GetGlobalRefTotal",)
 
 
 def _describe(pid, maps, path, real, runtime) -> PythonProcess:
-    syms = default_cache().defined_symbols(real, ("Py_Version", "PyCode_Type") + DEBUG_BUILD_SYMBOLS)
-    addrs = {name: _address(maps, path, real, syms[name])
-             for name in ("Py_Version", "PyCode_Type") if name in syms}
+    named = ("Py_Version", "PyCode_Type", "PyGILState_GetThisThreadState")
+    syms = default_cache().defined_symbols(real, named + DEBUG_BUILD_SYMBOLS)
+    addrs = {name: _address(maps, path, real, syms[name]) for name in named if name in syms}
     debug = [name for name in DEBUG_BUILD_SYMBOLS if name in syms]
     mem = ProcessMemory(pid)
     try:
@@ -239,8 +252,8 @@ def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],
              notices: List[str] = ()) -> PythonProcess:
     """The PythonProcess of the runtime at `runtime` (&_PyRuntime) in `mem`.
 
-    `addrs`: target addresses of the symbols Py_Version and PyCode_Type where
-    the binary has them; `old_version()`: the version told by the ELF alone
+    `addrs`: target addresses of the symbols Py_Version, PyCode_Type and
+    PyGILState_GetThisThreadState where the binary has them; `old_version()`: the version told by the ELF alone
     (before 3.11); `debug_build`: the DEBUG_BUILD_SYMBOLS the binary
     defines.  Raises Unsupported."""
     version = None
@@ -264,6 +277,10 @@ def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],
         raise Unsupported(f"cannot tell the CPython version of {path}")
     name = "CPython %d.%d" % version[:2]
     table, from_source = table_for(version[:2])
+    as_minor = None                 # a newer minor version: read as the newest tested one
+    if table is None and version[:2] > NEWEST and header is not None:
+        as_minor = NEWEST
+        table, from_source = table_for(NEWEST)
     if table is None:
         raise Unsupported(f"{name} is not supported (supported: {SUPPORTED_TEXT})")
     if version[:2] < (3, 13):
@@ -277,11 +294,18 @@ def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],
     if header is None:
         raise Unsupported(f"{name}: no _Py_DebugOffsets at _PyRuntime")
     free_threaded = header[1]
+    if free_threaded and version[:2] >= (3, 14):
+        raise Unsupported(f"{name} free-threaded build: its threads run their own copies of "
+                          "the bytecode, whose lines pyoffcpu does not read yet")
     debug = any(s in debug_build for s in DEBUG_BUILD_SYMBOLS_313)
     kind = " ".join(w for w, on in (("free-threaded", free_threaded), ("debug", debug)) if on)
     try:
-        dbg = debug_offsets.read(mem, runtime)
+        dbg = debug_offsets.read(mem, runtime, as_minor)
     except (debug_offsets.BadDebugOffsets, MemoryError_) as e:
+        if as_minor:
+            raise Unsupported(f"{name} is newer than tested (up to %d.%d), and its "
+                              f"_Py_DebugOffsets cannot be read as %d.%d's ({e})"
+                              % (NEWEST + as_minor)) from None
         if kind:
             raise Unsupported(f"{name} ({kind} build): cannot read _Py_DebugOffsets ({e}), "
                               "and the offsets table has release builds only") from None
@@ -293,6 +317,16 @@ def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],
     pp = PythonProcess(pid, version, path, runtime, offsets, from_source=from_source,
                        thread_layout=thread_layout, notices=list(notices), debug_offsets=True,
                        free_threaded=free_threaded, debug_build=debug)
+    if as_minor:
+        # nothing vouches for this layout but the process itself
+        _finish(pp, mem, addrs)
+        why = livecheck.check(pp, mem)
+        if why:
+            raise Unsupported(f"{name} is newer than tested (up to %d.%d), and the layout its "
+                              f"_Py_DebugOffsets describe does not hold on the live process: {why}"
+                              % NEWEST)
+        pp.notices.append(f"{name} is newer than tested; layout read from the interpreter")
+        return pp
     if differ and not kind:
         # a release GIL build is what the table describes: a difference is news
         pp.notices.append("%s.%d: _Py_DebugOffsets differ from the offsets table in %s: "
@@ -302,6 +336,7 @@ def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],
 
 def _finish(pp: PythonProcess, mem, addrs: Dict[str, int]) -> PythonProcess:
     pp.code_type = addrs.get("PyCode_Type", 0)
+    pp.gilstate_func = addrs.get("PyGILState_GetThisThreadState", 0)
     refresh_tss(pp, mem)
     return pp
 
@@ -373,8 +408,10 @@ def key_from_threads(pp: PythonProcess, mem) -> Optional[int]:
 
 
 def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None) -> bool:
-    """Find autoTSSkey once the runtime has created it; True when known."""
-    if pp.tss_key >= 0:
+    """Find where BPF reads each thread's PyThreadState once the runtime has
+    bound the first one: autoTSSkey, or from 3.15 the thread-local
+    _Py_tss_gilstate (tls.py); True when known."""
+    if pp.tstate_found:
         return True
     if pp.tss_key == -2:
         return False
@@ -382,6 +419,8 @@ def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None) -> bool:
     try:
         if own:
             mem = ProcessMemory(pp.pid)
+        if pp.offsets.get("runtime_autotss", -1) < 0 and pp.minor >= (3, 15):
+            return _refresh_tls(pp, mem)
         stored = key_from_runtime(pp, mem)
         live = key_from_threads(pp, mem)
     except OSError:
@@ -402,6 +441,30 @@ def refresh_tss(pp: PythonProcess, mem: Optional[ProcessMemory] = None) -> bool:
         return False
     pp.tss_key = key
     return True
+
+
+def _refresh_tls(pp: PythonProcess, mem) -> bool:
+    """3.15+: _Py_tss_gilstate's distance from the thread pointer, checked on
+    the live threads (tls.py); -2 and a notice when it cannot be had."""
+    why = "PyGILState_GetThisThreadState is not exported"
+    if pp.gilstate_func:
+        threads = []
+        # every state: a thread's binding may be its state in another interpreter
+        for ts in thread_state_addresses(pp, mem, MAX_TLS_THREADS):
+            try:
+                threads.append((ts, mem.u64(ts + pp.offsets["tstate_thread_id"])))
+            except MemoryError_:
+                continue
+        distance, why = tls.gilstate_distance(mem, pp.gilstate_func, threads)
+        if distance is not None:
+            pp.tstate_tls = distance
+            return True
+        if not why:
+            return False                # no thread has bound its state yet
+    pp.notices.append("CPython %d.%d: cannot find each thread's PyThreadState (%s): "
+                      "Python frames unavailable" % (pp.minor + (why,)))
+    pp.tss_key = -2
+    return False
 
 
 # -- the GIL ------------------------------------------------------------------------

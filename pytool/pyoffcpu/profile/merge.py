@@ -161,7 +161,12 @@ class Merger:
         groups: List[List[P.Frame]] = []
         group: List[P.Frame] = []
         torn = False
+        # 3.15+: every thread's chain ends in tstate->base_frame, a shim that
+        # stands for no eval call: the outermost frame of a whole stack
+        base = len(st.frames) - 1 if minor >= (3, 15) and not st.flags & PYS_TRUNCATED else -1
         for i, (code, offset, flags) in enumerate(st.frames):
+            if i == base and (flags & 0xff) >= OWNER_SHIM:
+                continue
             if minor >= (3, 12) and (flags & 0xff) >= OWNER_SHIM:
                 # The C-stack shim (3.12/3.13 FRAME_OWNED_BY_CSTACK, 3.14
                 # FRAME_OWNED_BY_INTERPRETER and above) is the `previous` of the

@@ -271,10 +271,11 @@ class Targets:
         info.epoch = tgt.epoch
         info.gil_addr = 0
         py = tgt.python
-        if py is not None and py.tss_key >= 0:
+        if py is not None and py.tstate_found:
             o = py.offsets
             info.walker = detect.walker_kind(py.minor)
             info.tss_key = py.tss_key
+            info.tstate_tls = py.tstate_tls if py.tstate_tls is not None else 0
             info.pthread_specific = py.thread_layout.specific_1stblock
             for name in ("tstate_frame", "tstate_cframe", "cframe_current_frame",
                          "tstate_current_frame", "frame_back", "frame_code", "frame_lasti",
