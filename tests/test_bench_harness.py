@@ -448,3 +448,19 @@ def test_render_allprocs_and_targets():
     rows = run.targets_summary(common.Results(allprocs=_allprocs(with_pairs=False)))
     assert len(rows) == 1
     assert "Slowdown" not in "\n".join(case_allprocs.render_allprocs(_allprocs(with_pairs=False)))
+
+
+# -- case 16 (tools/bench/case_py315.py): Tachyon's collapsed stacks ------------------------------------
+def test_tachyon_collapsed_stacks_read_as_folded_frames():
+    """`python3.15 -m profiling.sampling --collapsed` writes `tid:N;file:qualname:line;...
+    COUNT`; the accuracy case reads them as `qualname (file:line)` frames, so that
+    function_shares finds its loops and functions in them as in pyoffcpu's."""
+    import case_py315
+    text = ("tid:7;workloads.py:main_loop:218;workloads.py:cpu_work:170 30\n"
+            "tid:7;workloads.py:main_loop:218;workloads.py:do_sleep:177 10\n"
+            "tid:8;threading.py:Thread.run:1012;workloads.py:worker_loop:224 5\n")
+    stacks = harness.parse_folded(case_py315._collapsed_to_folded(text))
+    assert stacks[0] == (["tid:7", "main_loop (workloads.py:218)", "cpu_work (workloads.py:170)"], 30)
+    assert stacks[2][0][1] == "Thread.run (threading.py:1012)"
+    shares, total = harness.function_shares(stacks, "main_loop", ["cpu_work", "do_sleep"])
+    assert total == 40 and shares == {"cpu_work": 0.75, "do_sleep": 0.25}

@@ -2,26 +2,30 @@
 from __future__ import annotations
 
 import os
-from typing import List
+import re
+from typing import List, Optional
 
 from harness import (fmt_num, fmt_ratio_range, function_shares, markdown_table, max_error_pp, median,
                      parse_folded, verdict)
 
-from common import Results, Tools, Worker, log
+from common import Profiler, Results, Tools, log
 from case_slowdown import profiled_run
 
 
 # -- case 5: accuracy --------------------------------------------------------------------------------
-def accuracy_case(tools: Tools, res: Results, runs: int, seconds: float):
+def accuracy_case(tools: Tools, res: Results, runs: int, seconds: float,
+                  profs: Optional[List[Profiler]] = None):
+    """`profs`: the profilers compared (default pyoffcpu --mode wall and py-spy --idle)."""
     from workloads import FUNCTIONS, SPLIT
-    profs = [p for p in (tools.profs.get("pyoffcpu --mode wall"), tools.profs.get("py-spy record --idle -r 100"))
-             if p]
+    if profs is None:
+        profs = [p for p in (tools.profs.get("pyoffcpu --mode wall"),
+                             tools.profs.get("py-spy record --idle -r 100")) if p]
     per = {p.label: {"shares": [], "errors": []} for p in profs}
     truths = []
     for i in range(runs):
         for prof in (profs if i % 2 == 0 else profs[::-1]):
-            tag = f"c5-{i}-{'pyoffcpu' if prof.pyoffcpu else 'pyspy'}"
-            w = Worker(tools.python, "split")
+            tag = f"c5-{i}-{re.sub(r'[^a-z0-9]+', '-', prof.label.lower()).strip('-')}"
+            w = tools.worker("split")
             try:
                 holder = {}
 
@@ -30,9 +34,8 @@ def accuracy_case(tools: Tools, res: Results, runs: int, seconds: float):
                     holder["truth"] = extra
                     return dt, extra
                 profiled_run(tools, prof, w.pid, work, tag)
-                path = os.path.join(tools.outdir, tag + (".folded" if prof.pyoffcpu else ".txt"))
-                with open(path, errors="replace") as f:
-                    stacks = parse_folded(f.read())
+                path = os.path.join(tools.outdir, tag)
+                stacks = parse_folded(prof.read_folded(path))
                 truth = {loop: {fn: holder["truth"][loop]["spent"][fn] / holder["truth"][loop]["total"]
                                 for fn in FUNCTIONS} for loop in SPLIT}
                 truths.append(truth)

@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Tuple
 
 from harness import Pairs, median, prog_delta, prog_label
 
-from common import Proc, Profiler, Results, SETTLE_S, Tools, Worker, bpfstats, log
+from common import Proc, Profiler, Results, SETTLE_S, Tools, bpfstats, cpu_s, log
 
 
 # -- slowdown pairs -------------------------------------------------------------------------------
@@ -16,17 +16,26 @@ def profiled_run(tools: Tools, prof: Profiler, target_pid: int, work: Callable[[
                  tag: str, with_stats: bool = False) -> Tuple[float, dict, Dict[str, Tuple[int, int]]]:
     """Attach `prof` to target_pid, do `work`, stop the profiler (SIGINT, its
     file written). Returns (work seconds, work extra, BPF program run-time
-    deltas over the work when with_stats)."""
+    deltas over the work when with_stats); the extra gains profiler_cpu_s,
+    the profiler process's own CPU seconds over the work (not its BPF, which
+    runs in the target's context, nor its children)."""
     out = os.path.join(tools.outdir, tag)
     p = Proc(prof.argv(target_pid, out), merge=prof.merge, env=tools.env if prof.pyoffcpu else None)
     stats = None
     try:
-        p.wait_err(prof.ready, 120)
-        time.sleep(SETTLE_S)
+        if prof.ready:
+            p.wait_err(prof.ready, 120)
+            time.sleep(SETTLE_S)
+        else:                       # it says nothing when it samples: give it a moment
+            time.sleep(prof.start_s)
         if with_stats:
             stats = bpfstats.ProgStats(p.pid)
             before = stats.read()
+        cpu0 = cpu_s(p.pid)
         dt, extra = work()
+        cpu1 = cpu_s(p.pid)
+        if cpu0 is not None and cpu1 is not None:
+            extra = dict(extra, profiler_cpu_s=cpu1 - cpu0)
         delta = prog_delta(before, stats.read()) if stats else {}
         p.interrupt()
         rc = p.wait(180)
@@ -44,14 +53,15 @@ def slowdown_case(tools: Tools, res: Results, case: str, kind: str, n: int, prof
     """`pairs` A/B pairs for each profiler, profilers rotated round by round."""
     acc = {p.label: Pairs() for p in profs}
     extra_a: Dict[str, list] = {p.label: [] for p in profs}
+    extra_b: Dict[str, list] = {p.label: [] for p in profs}
     for i in range(pairs):
         for j in range(len(profs)):
             k = (i + j) % len(profs)
             prof = profs[k]
             order = "AB" if (i + k) % 2 == 0 else "BA"      # alternates pair to pair for each profiler
             tag = f"c{case}-{kind.split()[0]}-{i}-{j}"
-            w = Worker(tools.python, kind)
-            idle = Worker(tools.python, "idle") if bystander else None
+            w = tools.worker(kind)
+            idle = tools.worker("idle") if bystander else None
             try:
                 w.run(max(1, n // 5))                           # warm-up
                 target = idle.pid if bystander else w.pid
@@ -70,6 +80,7 @@ def slowdown_case(tools: Tools, res: Results, case: str, kind: str, n: int, prof
                 acc[prof.label].add(ta, tb, cpu=(xa.get("cpu_s", 0), xb.get("cpu_s", 0)),
                                     wait=(xa.get("rq_s", 0), xb.get("rq_s", 0)))
                 extra_a[prof.label].append(xa)
+                extra_b[prof.label].append(dict(xb, _b_s=tb))
                 log(f"case {case} pair {i + 1}/{pairs} {order} {prof.label}: "
                     f"A {ta:.3f}s B {tb:.3f}s ratio {tb / ta:.3f} "
                     f"(CPU {xa.get('cpu_s', 0):.3f}s/{xb.get('cpu_s', 0):.3f}s, "
@@ -86,6 +97,9 @@ def slowdown_case(tools: Tools, res: Results, case: str, kind: str, n: int, prof
         s = acc[prof.label].summary()
         row = {"case": case, "kind": kind, "profiler": prof.label, **s,
                "failures": len(acc[prof.label].failures), "target": targets.get(prof.label)}
+        own = [x["profiler_cpu_s"] / x["_b_s"] for x in extra_b[prof.label] if "profiler_cpu_s" in x]
+        if own:
+            row["profiler_cpu"] = median(own)
         sw = [x["switches"] / x["seconds"] for x in extra_a[prof.label] if x.get("switches")]
         if sw:
             row["switch_rate"] = median(sw)
@@ -97,8 +111,8 @@ def slowdown_case(tools: Tools, res: Results, case: str, kind: str, n: int, prof
 
 def stats_run(tools: Tools, res: Results, case: str, kind: str, n: int, prof: Profiler, bystander: bool):
     """One more profiled run, with kernel.bpf_stats_enabled on, for the BPF table."""
-    w = Worker(tools.python, kind)
-    idle = Worker(tools.python, "idle") if bystander else None
+    w = tools.worker(kind)
+    idle = tools.worker("idle") if bystander else None
     try:
         w.run(max(1, n // 5))
         tools.sysctl.on()
@@ -141,7 +155,7 @@ def pingpong_kind(tools: Tools, rate: float) -> str:
     probe = 2000
 
     def per_round_trip(k: int) -> float:
-        w = Worker(tools.python, f"pingpong {k}")
+        w = tools.worker(f"pingpong {k}")
         try:
             w.run(2000)
             return min(w.run(20000)[0] for _ in range(2)) / 20000
@@ -156,7 +170,7 @@ def pingpong_kind(tools: Tools, rate: float) -> str:
 
 
 def calibrate(tools: Tools, kind: str, n0: int, work_s: float) -> int:
-    w = Worker(tools.python, kind)
+    w = tools.worker(kind)
     try:
         w.run(max(1, n0 // 4))
         times = [w.run(n0)[0] for _ in range(2)]

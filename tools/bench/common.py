@@ -164,8 +164,12 @@ class Proc:
 class Worker(Proc):
     def __init__(self, python: str, kind: str):
         """kind: a workload of workloads.py, with its argument if any ("pingpong 40")."""
-        super().__init__([python, WORKLOADS, *kind.split()], stdin=True)
+        super().__init__(self.command(python, kind), stdin=True)
         self.expect("ready", 30)
+
+    @staticmethod
+    def command(python: str, kind: str) -> List[str]:
+        return [python, WORKLOADS, *kind.split()]
 
     def run(self, n, timeout: float = 300) -> Tuple[float, dict]:
         self.send(f"run {n}")
@@ -186,6 +190,16 @@ class Profiler:
     pyoffcpu: bool
     stats: bool = False                       # read its BPF programs' run times
     merge: bool = False                       # its ready line comes on stdout (py-spy)
+    start_s: float = 1.0                      # without a ready line: its start-up, waited out
+    folded: Optional[Callable[[str], str]] = None   # output path without extension -> folded
+                                                    # text; None: o.folded (pyoffcpu), o.txt
+
+    def read_folded(self, o: str) -> str:
+        """Its profile written to `o` (the path argv got), as folded stacks."""
+        if self.folded is not None:
+            return self.folded(o)
+        with open(o + (".folded" if self.pyoffcpu else ".txt"), errors="replace") as f:
+            return f.read()
 
 
 def profilers(tools: "Tools") -> Dict[str, Profiler]:
@@ -231,6 +245,11 @@ class Tools:
     sysctl: Optional[bpfstats.StatsSysctl] = None
     profs: Dict[str, "Profiler"] = field(default_factory=dict)
     cache_dir: str = ""                         # the bench's PYOFFCPU_CACHE_DIR (cases 6 and 11)
+    workers: Callable[[str, str], "Worker"] = None  # (python, kind) -> a target; None: Worker
+
+    def worker(self, kind: str) -> "Worker":
+        """A target process running workloads.py `kind` (case 16: in the chroot)."""
+        return (self.workers or Worker)(self.python, kind)
 
 
 def setup_pyspy() -> Tuple[Optional[List[str]], str]:
@@ -273,6 +292,7 @@ class Results:
     dump: Optional[dict] = None                 # case 13
     unwind: Optional[dict] = None               # case 14
     torch: Optional[dict] = None                # case 15
+    py315: Optional[dict] = None                # case 16
     notes: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
 

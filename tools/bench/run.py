@@ -32,6 +32,9 @@ Cases (numbers as in issue #5):
     DataLoader workers, ~90 executable files; cold and warm starts (first sample, tables
     ready, each library's build, peak RSS with children, end of recording to profile),
     training steps/s under --mode wall / --mode cpu / py-spy --idle against alone windows
+ 16 CPython 3.15 (issue 26, tools/bench/case_py315.py): cases 2, 3 and 5 on Debian's
+    python3.15 in the chroot, with its own sampler (`python3.15 -m profiling.sampling`,
+    1 kHz and 100 Hz) beside pyoffcpu and py-spy
  12 system-wide: `pyoffcpu -a --mode cpu -F 99` beside 50 Python processes of 5
     interpreters (tools/bench/fleet.py: idle, busy, short-lived): its own CPU
     over a 10 s window, peak RSS, time to `recording`, how many it found with
@@ -300,6 +303,9 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
     if res.torch:
         import case_torch
         out.extend(case_torch.render_torch(res.torch, markdown_table, median))
+    if res.py315:
+        import case_py315
+        out.extend(case_py315.render_py315(res.py315))
     if res.notes:
         out.append("## Notes\n")
         out.extend(f"- {n}" for n in res.notes)
@@ -317,7 +323,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 7)))
     ap.add_argument("--work-s", type=float, default=float(os.environ.get("BENCH_WORK_S", 1.0)))
     ap.add_argument("--long-s", type=float, default=float(os.environ.get("BENCH_LONG_S", 60)))
-    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15"),
+    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15,16"),
                     help="comma-separated subset of 1-7 and 9-12 (8 comes with 1-4)")
     ap.add_argument("--threadserver-s", type=float,
                     default=float(os.environ["BENCH_THREADSERVER_S"]) if os.environ.get("BENCH_THREADSERVER_S")
@@ -397,7 +403,7 @@ def main():
             sys.exit(f"bench: {tree} is not a pyoffcpu source tree")
         env = dict(os.environ, PYTHONPATH=os.path.join(tree, "pytool"))
         po = [sys.executable, "-m", "pyoffcpu"]
-    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6", "10", "13", "15"} else (None, "")
+    pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6", "10", "13", "15", "16"} else (None, "")
     tools = Tools(args.python, po, pyspy, pyspy_version, tempfile.mkdtemp(prefix="pyoffcpu-bench-"), env)
     tools.cache_dir = os.path.join(tools.outdir, "cache")
     tools.profs = profilers(tools)
@@ -471,6 +477,20 @@ def main():
         if "14" in cases:
             log("case 14: code without CFI: numpy's OpenBLAS")
             unwind_case(tools, res)
+        if "16" in cases:
+            import case_py315
+            why = case_py315.available()
+            if why:
+                res.errors.append(f"case 16: {why}")
+                log(f"case 16: left out: {why}")
+            else:
+                log("case 16: CPython 3.15 beside its own sampler")
+                try:
+                    res.py315 = case_py315.py315_case(tools, args.pairs, args.work_s, args.accuracy_runs,
+                                                      args.accuracy_s, args.switch_rate)
+                except Exception as e:                          # noqa: BLE001
+                    res.errors.append(f"case 16: {e}")
+                    log(f"case 16: FAILED: {e}")
         if "15" in cases:
             log("case 15: PyTorch as it is run")
             import case_torch
