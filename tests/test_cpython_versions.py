@@ -223,12 +223,6 @@ def test_subinterpreter_frames(run):
     if run.minor < (3, 12):
         assert "subinterp" not in run.tids
         return
-    if run.label == "ft-3.13t":
-        # Known gap: on the free-threaded build the sub-interpreter's frames
-        # were missing from one recording in four (its thread's whole time
-        # without them); not part of the acceptance, listed in the
-        # README's limits until understood.
-        return
     _check_exact(run, "subinterp")
 
 
