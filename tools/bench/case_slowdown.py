@@ -53,7 +53,7 @@ def slowdown_case(tools: Tools, res: Results, case: str, kind: str, n: int, prof
     """`pairs` A/B pairs for each profiler, profilers rotated round by round."""
     acc = {p.label: Pairs() for p in profs}
     extra_a: Dict[str, list] = {p.label: [] for p in profs}
-    extra_b: Dict[str, list] = {p.label: [] for p in profs}
+    own_cpu: Dict[str, list] = {p.label: [] for p in profs}   # profiler CPU s per s of B
     for i in range(pairs):
         for j in range(len(profs)):
             k = (i + j) % len(profs)
@@ -80,7 +80,8 @@ def slowdown_case(tools: Tools, res: Results, case: str, kind: str, n: int, prof
                 acc[prof.label].add(ta, tb, cpu=(xa.get("cpu_s", 0), xb.get("cpu_s", 0)),
                                     wait=(xa.get("rq_s", 0), xb.get("rq_s", 0)))
                 extra_a[prof.label].append(xa)
-                extra_b[prof.label].append(dict(xb, _b_s=tb))
+                if "profiler_cpu_s" in xb:
+                    own_cpu[prof.label].append(xb["profiler_cpu_s"] / tb)
                 log(f"case {case} pair {i + 1}/{pairs} {order} {prof.label}: "
                     f"A {ta:.3f}s B {tb:.3f}s ratio {tb / ta:.3f} "
                     f"(CPU {xa.get('cpu_s', 0):.3f}s/{xb.get('cpu_s', 0):.3f}s, "
@@ -97,9 +98,8 @@ def slowdown_case(tools: Tools, res: Results, case: str, kind: str, n: int, prof
         s = acc[prof.label].summary()
         row = {"case": case, "kind": kind, "profiler": prof.label, **s,
                "failures": len(acc[prof.label].failures), "target": targets.get(prof.label)}
-        own = [x["profiler_cpu_s"] / x["_b_s"] for x in extra_b[prof.label] if "profiler_cpu_s" in x]
-        if own:
-            row["profiler_cpu"] = median(own)
+        if own_cpu[prof.label]:
+            row["profiler_cpu"] = median(own_cpu[prof.label])
         sw = [x["switches"] / x["seconds"] for x in extra_a[prof.label] if x.get("switches")]
         if sw:
             row["switch_rate"] = median(sw)

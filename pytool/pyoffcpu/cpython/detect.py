@@ -21,7 +21,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..native import symbols
 from ..native.elffile import default_cache
@@ -357,20 +357,34 @@ def key_from_runtime(pp: PythonProcess, mem) -> Optional[int]:
         return None
 
 
+def iter_thread_states(pp: PythonProcess, mem, max_states: int,
+                       max_interps: int) -> Iterator[Tuple[int, int]]:
+    """(interpreter, PyThreadState) of every interpreter's thread list, at
+    most `max_states` states over at most `max_interps` interpreters.  The
+    lists are the target's memory: a node met twice (a cycle) ends its
+    list, whatever `next` says.  Reads that fail raise MemoryError_."""
+    o = pp.offsets
+    states = 0
+    interps: set = set()
+    interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
+    while interp and states < max_states and interp not in interps and len(interps) < max_interps:
+        interps.add(interp)
+        ts = mem.u64(interp + o["interp_threads_head"])
+        seen: set = set()
+        while ts and states < max_states and ts not in seen:
+            seen.add(ts)
+            states += 1
+            yield interp, ts
+            ts = mem.u64(ts + o["tstate_next"])
+        interp = mem.u64(interp + o["interp_next"])
+
+
 def thread_state_addresses(pp: PythonProcess, mem, limit: int = MAX_SCAN_THREADS) -> List[int]:
     """The first `limit` PyThreadStates of every interpreter (racy, best effort)."""
-    o = pp.offsets
     out: List[int] = []
     try:
-        interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
-        hops = 0
-        while interp and len(out) < limit and hops < limit:
-            hops += 1
-            ts = mem.u64(interp + o["interp_threads_head"])
-            while ts and len(out) < limit:
-                out.append(ts)
-                ts = mem.u64(ts + o["tstate_next"])
-            interp = mem.u64(interp + o["interp_next"])
+        for _, ts in iter_thread_states(pp, mem, limit, limit):
+            out.append(ts)
     except MemoryError_:
         pass
     return out

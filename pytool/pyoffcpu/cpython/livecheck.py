@@ -27,6 +27,7 @@ import os
 from typing import Dict, List, Set
 
 from ..targets.memory import MemoryError_
+from ..targets.procfs import ns_id
 
 MAX_INTERPRETERS = 64
 MAX_THREADS = 256
@@ -37,20 +38,11 @@ MAX_BYTECODE = 1 << 24          # bytes into the bytecode
 
 def namespace_tids(pid: int) -> Set[int]:
     """The ids of the process's threads as its PID namespace gives them."""
-    out = set()
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
-                for line in f.read(1 << 16).splitlines():
-                    if line.startswith(b"NSpid:"):
-                        out.add(int(line.split()[-1]))
-        except (OSError, ValueError):
-            continue
-    return out
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return set()
+    return {ns_id(f"/proc/{pid}/task/{t}/status", t) or t for t in tids}
 
 
 class _Types:
@@ -71,40 +63,32 @@ class _Types:
 def check(pp, mem) -> str:
     """'' when the layout of `pp` holds on its live process, else the first
     check that failed, in words."""
-    from .walker import walk_frames         # walker imports detect, which imports us
+    from .detect import iter_thread_states  # detect imports us; the walker imports detect
+    from .walker import walk_frames
     o = pp.offsets
     try:
-        return _check(pp, mem, o, walk_frames)
+        return _check(pp, mem, o, iter_thread_states, walk_frames)
     except MemoryError_ as e:
         return f"a read failed ({e})"
     except (KeyError, ValueError) as e:
         return f"a value is missing or implausible ({e})"
 
 
-def _check(pp, mem, o, walk_frames) -> str:
+def _check(pp, mem, o, iter_thread_states, walk_frames) -> str:
     if not pp.tstate_found:
         return "no thread's PyThreadState is where the layout says"
     tids = namespace_tids(pp.pid)
     types = _Types(mem, o)
-    states: List[int] = []
-    interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
-    if not interp:
+    if not mem.u64(pp.runtime + o["runtime_interpreters_head"]):
         return "the interpreter list is empty"
-    seen_interps: Set[int] = set()
-    while interp and interp not in seen_interps and len(seen_interps) < MAX_INTERPRETERS:
-        seen_interps.add(interp)
-        ts = mem.u64(interp + o["interp_threads_head"])
-        seen: Set[int] = set()
-        while ts and ts not in seen and len(states) < MAX_THREADS:
-            seen.add(ts)
-            if mem.u64(ts + o["tstate_interp"]) != interp:
-                return "a thread state's interp is not the interpreter that lists it"
-            tid = mem.i64(ts + o["tstate_native_thread_id"])
-            if tid and tid not in tids:
-                return f"a thread state's native_thread_id ({tid}) is no thread of the process"
-            states.append(ts)
-            ts = mem.u64(ts + o["tstate_next"])
-        interp = mem.u64(interp + o["interp_next"])
+    states: List[int] = []
+    for interp, ts in iter_thread_states(pp, mem, MAX_THREADS, MAX_INTERPRETERS):
+        if mem.u64(ts + o["tstate_interp"]) != interp:
+            return "a thread state's interp is not the interpreter that lists it"
+        tid = mem.i64(ts + o["tstate_native_thread_id"])
+        if tid and tid not in tids:
+            return f"a thread state's native_thread_id ({tid}) is no thread of the process"
+        states.append(ts)
     if not states:
         return "the main interpreter lists no thread state"
     codes = 0

@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 from ..collect.bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
 from ..collect.bpfdefs import PYF_ENTRY
 from ..targets.memory import MemoryError_, ProcessMemory
-from .detect import PythonProcess
+from .detect import PythonProcess, iter_thread_states
 
 MAX_THREADS = 4096
 MAX_INTERPRETERS = 256           # sub-interpreters walked at most
@@ -58,27 +58,14 @@ def thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, int]:
     """OS thread id -> PyThreadState address, for every thread of every interpreter."""
     o = pp.offsets
     out: Dict[int, int] = {}
-    interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
-    seen = 0
-    # the lists are the target's memory: bounded in hops, and a node met
-    # twice (a cycle) ends its list, whatever `next` says
-    interps: set = set()
-    while interp and seen < MAX_THREADS and interp not in interps and len(interps) < MAX_INTERPRETERS:
-        interps.add(interp)
-        ts = mem.u64(interp + o["interp_threads_head"])
-        states: set = set()
-        while ts and seen < MAX_THREADS and ts not in states:
-            states.add(ts)
-            seen += 1
-            if o["tstate_native_thread_id"] >= 0:
-                tid = mem.i64(ts + o["tstate_native_thread_id"])
-            else:
-                pthread = mem.u64(ts + o["tstate_thread_id"])
-                tid = mem.i32(pthread + pp.thread_layout.tid) if pthread else 0
-            if tid > 0:
-                out[tid] = ts
-            ts = mem.u64(ts + o["tstate_next"])
-        interp = mem.u64(interp + o["interp_next"])
+    for _, ts in iter_thread_states(pp, mem, MAX_THREADS, MAX_INTERPRETERS):
+        if o["tstate_native_thread_id"] >= 0:
+            tid = mem.i64(ts + o["tstate_native_thread_id"])
+        else:
+            pthread = mem.u64(ts + o["tstate_thread_id"])
+            tid = mem.i32(pthread + pp.thread_layout.tid) if pthread else 0
+        if tid > 0:
+            out[tid] = ts
     return out
 
 
