@@ -314,6 +314,7 @@ Examples:
   sudo pyoffcpu dump -p 4242 --native       # with native frames (threads blocked in the kernel)
   sudo pyoffcpu dump -p 4242 --json | jq .  # for scripts
   sudo pyoffcpu dump -p 4242 --subprocesses # and the processes it started
+  sudo pyoffcpu dump -p 4242 --async        # its asyncio tasks: who awaits whom, and where
 
 \b
 Nothing is stopped: stacks are read from /proc and the process's memory,
@@ -327,7 +328,11 @@ so a deadlocked process can be dumped (and stays as it was).
               help="Native frames too (unwound from .eh_frame; a thread running on a CPU has none).")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout instead of text.")
 @click.option("--subprocesses", is_flag=True, help="The processes it started too.")
-def dump(pid, native, as_json, subprocesses):
+@click.option("--async", "async_tasks", is_flag=True,
+              help="Its asyncio tasks instead (CPython 3.11+): a tree of who awaits whom, "
+                   "where each is suspended and on what; tasks awaiting each other are named "
+                   "as a CYCLE.")
+def dump(pid, native, as_json, subprocesses, async_tasks):
     """Every thread's current stack, its state, the GIL holder, lock owners."""
     from .commands import dump as D
     from .collect.platform import check_privileges
@@ -337,6 +342,9 @@ def dump(pid, native, as_json, subprocesses):
         fail(e.what, e.todo)
     if not os.path.isdir(f"/proc/{pid}"):
         fail(f"no such process: {pid}", "check the PID with `ps`")
+    if async_tasks:
+        _dump_async(pid, as_json)
+        return
     dumps = []
     for p in [pid] + (D.children(pid) if subprocesses else []):
         try:
@@ -350,6 +358,23 @@ def dump(pid, native, as_json, subprocesses):
                               indent=1))
     else:
         echo("\n\n".join(D.render_text(d) for d in dumps))
+
+
+def _dump_async(pid: int, as_json: bool) -> None:
+    from .commands import tasks as T
+    from .cpython import asyncio_tasks as A
+    from .cpython import detect
+    try:
+        d = T.dump_tasks(pid)
+    except (detect.NotPython, detect.Unsupported, A.AsyncioUnavailable) as e:
+        fail(f"process {pid}: {e}")
+    except OSError as e:
+        fail(f"cannot read process {pid}: {e.strerror or e}")
+    if as_json:
+        import json
+        echo(json.dumps(d, indent=1))
+    else:
+        echo(T.render_tasks(d))
 
 
 TOP_EPILOG = """\b
