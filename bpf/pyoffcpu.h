@@ -83,6 +83,10 @@ struct pystack {
     unsigned int depth;
     unsigned int flags;
     unsigned int epoch;             /* proc_info.epoch of the walk */
+    /* --async (ASYNC_TASKS): the outermost frame owned by a generator, the
+     * coroutine of the asyncio task the thread runs (it lies inside the
+     * coroutine object); mixed into the hash.  0: none, or not --async. */
+    unsigned long long task_frame;
     struct py_frame frames[MAX_PY_DEPTH];   /* innermost first */
 };
 

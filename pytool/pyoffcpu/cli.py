@@ -21,6 +21,7 @@ Examples:
   sudo pyoffcpu -p 4242 --mode off --reasons lock,gil   # only waits for locks and the GIL
   sudo pyoffcpu -p 4242 --mode off --min-block-us 10000  # only waits of 10 ms or more
   sudo pyoffcpu -p 4242 --wakers -d 10   # and who ended each thread's waits
+  sudo pyoffcpu -p 4242 --async -d 10    # asyncio: each task's time, running and awaiting
   sudo pyoffcpu -p 4242 --mode cpu -F 499 --kernel # on-CPU only, with kernel frames
   sudo pyoffcpu -a -d 10                 # every process on the machine, on-CPU
   sudo pyoffcpu -a --match 'train|serve' --mode wall -d 10   # wall-clock, selected ones
@@ -104,6 +105,15 @@ def fail(msg: str, todo: str = "", code: int = 1):
                    "interrupt): each off-CPU stack goes on with `--` and the waker's frames, "
                    "leaf first, suffixed _[w] (offwaketime's format), and the summary names "
                    "the main waker of each thread's main wait (wall and off mode).")
+@click.option("--async", "async_tasks", is_flag=True,
+              help="asyncio tasks (CPython 3.11+): a loop thread's time while a task runs goes "
+                   "under `task NAME` (tasks that ended fold as `tasks in CORO`), and every "
+                   "suspended task gets its time at its await chain, ending [await: KIND] "
+                   "(sleep, queue, socket read, lock, task NAME, ...) or [ready]: sampled "
+                   "--async-hz times a second; that time is the task's, beside its thread's.")
+@click.option("--async-hz", type=click.IntRange(1, 1000), default=100, show_default=True,
+              metavar="HZ", help="With --async: snapshots of the tasks per second (their "
+                                 "reader keeps itself under 5% of a core).")
 @click.option("--kernel", is_flag=True, help="Include kernel frames (suffix _[k]).")
 @click.option("--no-threads", is_flag=True, help="Merge all threads (no `thread` root frames).")
 @click.option("--full-paths", is_flag=True, help="Full source paths instead of sys.path-relative ones.")
@@ -117,14 +127,18 @@ def fail(msg: str, todo: str = "", code: int = 1):
                    "(env PYOFFCPU_TABLES_FIRST=1 sets it for every command).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt,
-           only_reasons, min_block_us, max_block_us, wakers, kernel, no_threads, full_paths,
-           keep_tids, tables_first, command):
+           only_reasons, min_block_us, max_block_us, wakers, async_tasks, async_hz, kernel,
+           no_threads, full_paths, keep_tids, tables_first, command):
     """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
     from .export import check_writable, format_for_path
     from .profile.reasons import REASONS
 
     if wakers and (mode or ("cpu" if all_ else "wall")) == "cpu":
         raise click.UsageError("--wakers needs --mode wall or --mode off (waits are only seen there)")
+    if async_tasks and all_:
+        raise click.UsageError("--async is for -p and commands")
+    if async_tasks and mode == "cpu":
+        raise click.UsageError("--async needs --mode wall or off (a task's wait is not on a CPU)")
     if max_block_us is not None and max_block_us < min_block_us:
         raise click.UsageError(f"--max-block-us {max_block_us} is below --min-block-us {min_block_us}")
     if only_reasons is not None:
@@ -179,6 +193,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
                    system_wide=all_, match=match, uid=uid, python_only=python_only,
                    follow=subprocesses, min_block_ns=min_block_us * 1000,
                    max_block_ns=(max_block_us or 0) * 1000, wakers=wakers,
+                   async_tasks=async_tasks, async_hz=async_hz,
                    tables_first=tables_first or tables_first_env())
     try:
         from .commands.record import record as run_record

@@ -16,7 +16,7 @@ or compute, and prints at the end (or on SIGTERM / at --seconds) one line:
   split NAME running=S awaiting=S total=S
 where `awaiting` is from the await's start to the task's resumption (it
 includes the time ready but queued behind other tasks).  "ready" lines
-say when the process is set up: `ready PID`.
+say when the process is set up: `ready`.
 """
 import asyncio
 import os
@@ -146,7 +146,7 @@ async def main_split(seconds):
              asyncio.create_task(consumer(queue, stop), name="consumer"),
              asyncio.create_task(client(port, stop), name="client")]
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    print("ready", os.getpid(), flush=True)
+    print("ready", flush=True)
     try:
         await asyncio.wait_for(stop.wait(), seconds)
     except asyncio.TimeoutError:
@@ -159,7 +159,7 @@ async def main_split(seconds):
 
 async def waits_on(other_fut):
     other = await other_fut             # the other task, once both exist
-    await other
+    await other                         # each waits here for the other
 
 
 async def main_deadlock(seconds):
@@ -170,7 +170,7 @@ async def main_deadlock(seconds):
     fa.set_result(b)
     fb.set_result(a)
     await asyncio.sleep(0.05)
-    print("ready", os.getpid(), flush=True)
+    print("ready", flush=True)
     await asyncio.sleep(seconds)
     os._exit(0)                         # the pair cannot even be cancelled cleanly
 

@@ -38,6 +38,8 @@ class Options:
     python_only: bool = False
     follow: bool = False            # --subprocesses: the targets' children too
     wakers: bool = False            # --wakers: who ended each wait
+    async_tasks: bool = False       # --async: the time of each asyncio task (collect/tasks.py)
+    async_hz: int = 0               # --async: snapshots of the tasks per second (0: default)
     # --min-block-us / --max-block-us: waits shorter / longer are left out (ns; 0: no bound)
     min_block_ns: int = 0
     max_block_ns: int = 0
@@ -81,6 +83,8 @@ class PyStack:
     # the interpreter of that image: a process that execs another Python
     # keeps its earlier stacks, in the earlier layouts and line tables
     python: Optional[detect.PythonProcess] = None
+    # --async: the outermost generator-owned frame (the running task's coroutine), 0: none
+    task_frame: int = 0
 
 
 @dataclass
@@ -127,6 +131,7 @@ class Recording:
     notices: List[str] = field(default_factory=list)
     exit_status: Optional[int] = None       # of a launched command
     exact_on_cpu: bool = False              # on-CPU per thread from switch timestamps
+    tasks: Optional[object] = None          # --async: collect/tasks.py's TaskTimes
     # --wakers: (the wait's key in stacks, its waker) -> [waits, ns], the waker
     # (kind, tgid, tid, ustack, kstack, pystack, comm); its stacks are in
     # ustacks / kstacks / pystacks like the waits' own

@@ -88,6 +88,7 @@ class Session:
         self._prefetch_seen: set = set()             # (pid, pc) already looked at
         self._ustack_pid: Dict[int, int] = {}        # user stack id -> the process it was seen in
         self._new_ustacks: List[int] = []
+        self._tasks = None                           # --async: collect/tasks.py's sampler
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -105,6 +106,7 @@ class Session:
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
             f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
             f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
+            f"-DASYNC_TASKS={int(o.async_tasks)}",
         ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX"), p.pt_regs_offsets)]
         from .platform import BTF_PATH
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
@@ -263,7 +265,8 @@ class Session:
         if tgt is not None and tgt.reader is not None and raw.epoch == tgt.epoch:
             infos = [tgt.reader.code(code) for code, _, _ in frames]
             python = tgt.python
-        self.rec.pystacks[raw.hash] = PyStack(raw.tgid, raw.flags, frames, infos, python)
+        self.rec.pystacks[raw.hash] = PyStack(raw.tgid, raw.flags, frames, infos, python,
+                                              raw.task_frame)
 
     def _on_lost(self, count):
         self.rec.drops["python stack events lost"] = self.rec.drops.get(
@@ -546,6 +549,11 @@ class Session:
         self._write_control(start_ns=self._start_ns)
         start_mono = self._t0 = time.monotonic()
         rec.start_time = time.time()
+        if o.async_tasks:
+            from .tasks import TaskSampler
+            self._tasks = TaskSampler(lambda: [(t.pid, t.python) for t in targets if not t.exited],
+                                      self._start_ns, o.async_hz)
+            self._tasks.start()
         try:
             if o.mode in ("wall", "off") and (o.pids or o.system_wide):
                 self.blocked.capture()
@@ -588,6 +596,9 @@ class Session:
         o, rec = self.opts, self.rec
         self._end_ns = self.accounts.end_ns = time.monotonic_ns()
         self._write_control(end_ns=self._end_ns)
+        if self._tasks is not None:
+            rec.tasks = self._tasks.stop(self._end_ns)
+            rec.notices.extend(rec.tasks.notices)
         time.sleep(GRACE_S)
         rec.duration_ns = self._end_ns - self._start_ns
         rec.duration_s = rec.duration_ns / 1e9

@@ -344,7 +344,7 @@ class TaskReader:
 
     # -- one task --------------------------------------------------------------------
     def _read_task(self, addr: int, tid: int) -> Task:
-        m, L, o = self.mem, self.L, self.o
+        m, L = self.mem, self.L
         raw = m.read(addr, L["task_size"])
 
         def word(off: int) -> int:

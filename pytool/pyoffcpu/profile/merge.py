@@ -78,6 +78,7 @@ class Merger:
         self._py_cache: Dict[int, Tuple[List[List[P.Frame]], bool]] = {}
         self._short = P.PathShortener()
         self._waker_cache: Dict[tuple, Tuple[P.Frame, ...]] = {}
+        self._task_cache: Dict[int, Optional[Tuple[str, P.Frame]]] = {}
         # native frames of an OpenMP runtime's waits (reasons.spin_code): on
         # the CPU there, a thread spins waiting for work or at a barrier
         self.spin_frames: set = set()
@@ -261,6 +262,43 @@ class Merger:
             byte_offset = offset
         return P.python_frame(info.name, info.filename, info.line_for(minor, byte_offset))
 
+    # -- --async ------------------------------------------------------------------
+    def task_of(self, pyhash: int) -> Optional[Tuple[str, P.Frame]]:
+        """--async: (the folded root of the task a stack ran in, the frame of
+        that task's coroutine), or None.  The coroutine is the stack's
+        outermost generator-owned frame (BPF's task_frame); the snapshots say
+        whose it is.  One no snapshot saw (a task that lived between two)
+        folds by its coroutine, if that frame was started by C code (an
+        eval entry), as Task.__step starts a coroutine; a generator that
+        Python code iterates is not a task."""
+        if pyhash in self._task_cache:
+            return self._task_cache[pyhash]
+        out = None
+        st = self.rec.pystacks.get(pyhash)
+        times = self.rec.tasks
+        if st is not None and times is not None and st.task_frame:
+            k = max((i for i, (_c, _o, fl) in enumerate(st.frames)
+                     if fl & 0xff == OWNER_GENERATOR), default=-1)
+            py = self._python_of(st)
+            minor = py.minor if py else (3, 11)
+            info = (st.infos[k] if st.infos is not None else
+                    self.rec.code.get((st.tgid, st.frames[k][0]))) if k >= 0 else None
+            if info is not None:
+                code, offset, flags = st.frames[k]
+                frame = self._python_frame(info, minor, offset, flags)
+                addr = times.by_frame.get((st.tgid, st.task_frame))
+                label = times.task_label(st.tgid, addr) if addr else ""
+                if addr and times.tasks[(st.tgid, addr)].coro_code != code:
+                    label = ""                  # the address is another coroutine's now
+                if not label:
+                    outer = st.frames[k + 1][2] & 0xff if k + 1 < len(st.frames) else -1
+                    if flags & PYF_ENTRY or outer >= OWNER_SHIM:
+                        label = "tasks in " + info.name
+                if label and frame is not None:
+                    out = (label, frame)
+        self._task_cache[pyhash] = out
+        return out
+
     # -- one stack ----------------------------------------------------------------
     def frames_for(self, tgid, ustack, kstack, pyhash, ns) -> Tuple[P.Frame, ...]:
         if ustack == UNSAMPLED:
@@ -399,6 +437,75 @@ def _same_file(a: Optional[str], b: Optional[str]) -> bool:
     return a is not None and b is not None and (a == b or a.endswith(b) or b.endswith(a))
 
 
+def _in_task(merger: Merger, ph: int, frames: Tuple[P.Frame, ...]) -> Tuple[P.Frame, ...]:
+    """--async: a stack that ran in a task, as that task's: its root, then
+    its coroutine's frame and what is under it (the event loop's frames
+    above the task are the same for every task, and left out)."""
+    got = merger.task_of(ph)
+    if got is None:
+        return frames
+    label, coro = got
+    try:
+        i = frames.index(coro)
+    except ValueError:
+        return frames
+    return (P.task_marker(label),) + tuple(frames[i:])
+
+
+def _add_task_waits(prof: P.Profile, rec: Recording) -> None:
+    """--async: each suspended task's sampled time, under its root, at its
+    await chain, with [await: KIND] or [ready] as its leaf."""
+    times = rec.tasks
+    # The sampled time of a root is scaled to what its tasks' lifetimes left
+    # beside their measured running time: each root then adds up to its
+    # tasks' lifetimes, and the samples only split that time between the
+    # awaits (a snapshot's whole interval goes to the state it saw).
+    lifetime: Dict[Tuple[int, str], int] = {}
+    for (pid, addr), info in times.tasks.items():
+        label = times.task_label(pid, addr)
+        lifetime[(pid, label)] = lifetime.get((pid, label), 0) + info.last_ns - info.first_ns
+    running: Dict[Tuple[int, str], int] = {}
+    for key, ns in prof.weights.items():
+        if key.frames and key.frames[0].kind is P.FrameKind.MARKER \
+                and key.frames[0].name.startswith(P.TASK_PREFIXES):
+            k = (key.pid, key.frames[0].name)
+            running[k] = running.get(k, 0) + ns
+    sampled: Dict[Tuple[int, str], int] = {}
+    rows = []
+    for (pid, tid, addr, chain, kind), (count, ns) in times.waits.items():
+        label = times.task_label(pid, addr)
+        sampled[(pid, label)] = sampled.get((pid, label), 0) + ns
+        rows.append((pid, tid, label, chain, kind, count, ns))
+    scale = {}
+    for k, ns in sampled.items():
+        # (a root no snapshot gave a lifetime to keeps its samples as they are)
+        rest = max(0, lifetime.get(k, 0) - running.get(k, 0))
+        scale[k] = rest / ns if k in lifetime else 1.0
+    for pid, tid, label, chain, kind, count, ns in rows:
+        frames = (P.task_marker(label),) + tuple(P.python_frame(n, f, ln) for n, f, ln in chain)
+        reason = "ready" if kind.startswith("ready") else "await: " + kind
+        prof.add(P.StackKey(pid, tid or pid, frames, reason), round(ns * scale[(pid, label)]), count)
+    # A task no snapshot saw suspended (a CPU-bound one that yields for
+    # moments) still was not running for the rest of its lifetime: that
+    # time is [suspended], its state not seen.
+    loop_tid = {(pid, times.task_label(pid, addr)): tid
+                for (pid, tid, addr, _c, _k) in times.waits}
+    for (pid, label), life in lifetime.items():
+        if (pid, label) in sampled:
+            continue
+        rest = life - running.get((pid, label), 0)
+        if rest > 0 and (pid, label) in running:
+            tid = loop_tid.get((pid, label)) or _running_tid(prof, pid, label)
+            prof.add(P.StackKey(pid, tid, (P.task_marker(label),), "suspended"), rest, 0)
+
+
+def _running_tid(prof: P.Profile, pid: int, label: str) -> int:
+    for key in prof.weights:
+        if key.pid == pid and key.frames and key.frames[0].name == label:
+            return key.tid
+    return pid
+
+
 def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Profile, MergeStats]:
     o = rec.options
     meta = P.Metadata(
@@ -426,6 +533,8 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
     for skey, (count, ns) in rec.stacks.items():
         tgid, tid, us, ks, ph, kind = skey
         frames = merger.frames_for(tgid, us, ks, ph, ns)
+        if rec.tasks is not None and ph:
+            frames = _in_task(merger, ph, frames)
         tid = shown.get(tid, tid)
         gil = bpfdefs.kind_gil(kind)
         reason = reasons.reason_of(kind, frames)
@@ -460,6 +569,8 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
                    wtgid if task else 0, shown.get(wtid, wtid) if task else 0,
                    merger.innermost_python(wph) if task else "")
         prof.wakes[w] = prof.wakes.get(w, 0) + ns
+    if rec.tasks is not None:
+        _add_task_waits(prof, rec)
     for tid, t in rec.threads.items():
         sid = shown[tid]
         prof.threads[sid] = t.name

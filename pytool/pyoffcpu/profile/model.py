@@ -102,8 +102,25 @@ OFF_OTHER = "other"
 
 
 def off_cpu_marker(reason: str) -> Frame:
-    """`[off-cpu: REASON]`, the innermost frame of an off-CPU stack."""
+    """`[off-cpu: REASON]`, the innermost frame of an off-CPU stack; --async's
+    suspended tasks: `[await: KIND]` or `[ready]` (time of a task, not of
+    its thread: it overlaps the loop thread's)."""
+    if is_task_wait(reason):
+        return Frame(FrameKind.MARKER, f"[{reason}]")
     return Frame(FrameKind.MARKER, f"[off-cpu: {reason}]")
+
+
+def is_task_wait(reason: Optional[str]) -> bool:
+    return reason is not None and (reason.startswith("await: ") or reason in ("ready", "suspended"))
+
+
+TASK_PREFIXES = ("task ", "tasks in ")
+
+
+def task_marker(label: str) -> Frame:
+    """--async: `task NAME` / `tasks in CORO`, the first frame under the
+    thread root of a task's stacks."""
+    return Frame(FrameKind.MARKER, label)
 
 
 @dataclass(frozen=True)
@@ -241,9 +258,16 @@ class Profile:
         self.sample_counts[key] = self.sample_counts.get(key, 0) + count
         self.thread_pid.setdefault(key.tid, key.pid)
 
+    def thread_weights(self) -> Iterator[Tuple["StackKey", int]]:
+        """The weights of the threads' own time: without --async's suspended
+        tasks, whose time overlaps their loop thread's."""
+        for key, ns in self.weights.items():
+            if not is_task_wait(key.off_cpu):
+                yield key, ns
+
     def total_ns(self, tid: Optional[int] = None, on_cpu: Optional[bool] = None) -> int:
         total = 0
-        for key, ns in self.weights.items():
+        for key, ns in self.thread_weights():
             if tid is not None and key.tid != tid:
                 continue
             if on_cpu is not None and (key.off_cpu is None) != on_cpu:
@@ -260,7 +284,7 @@ class Profile:
     def off_cpu_by_reason(self) -> Dict[int, Dict[str, int]]:
         """Per thread (tid, or group id), its off-CPU ns by reason."""
         acc: Dict[int, Dict[str, int]] = {}
-        for key, ns in self.weights.items():
+        for key, ns in self.thread_weights():
             if key.off_cpu is not None:
                 r = acc.setdefault(key.tid, {})
                 r[key.off_cpu] = r.get(key.off_cpu, 0) + ns
@@ -269,7 +293,7 @@ class Profile:
     def off_cpu_totals(self) -> Dict[str, int]:
         """All threads' off-CPU ns by reason."""
         acc: Dict[str, int] = {}
-        for key, ns in self.weights.items():
+        for key, ns in self.thread_weights():
             if key.off_cpu is not None:
                 acc[key.off_cpu] = acc.get(key.off_cpu, 0) + ns
         return acc
@@ -427,7 +451,12 @@ def from_folded(text: str) -> Profile:
             if m:
                 off = m.group("reason") or OFF_OTHER     # `[off-cpu]`: files of earlier versions
                 labels = labels[:-1]
-        key = StackKey(pid, tid or pid, tuple(parse_frame(lb) for lb in labels), off, waker)
+            elif labels[-1].startswith("[") and is_task_wait(labels[-1][1:-1]):
+                off = labels[-1][1:-1]
+                labels = labels[:-1]
+        frames = tuple(task_marker(lb) if i == 0 and lb.startswith(TASK_PREFIXES) else parse_frame(lb)
+                       for i, lb in enumerate(labels))
+        key = StackKey(pid, tid or pid, frames, off, waker)
         prof.add(key, int(weight) * 1000)
     return prof
 

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from typing import Dict, List, Optional, Tuple
 
-from .model import Frame, FrameKind, PathShortener, Profile
+from .model import TASK_PREFIXES, Frame, FrameKind, PathShortener, Profile, is_task_wait
 
 
 def fmt_s(ns: int) -> str:
@@ -20,7 +20,7 @@ def thread_table(prof: Profile) -> List[Tuple[int, int, str, int, int, int]]:
     """(pid, tid, name, on-CPU ns, off-CPU ns, raw samples) per thread (or
     group of ended threads), busiest first."""
     acc: Dict[int, List[int]] = {}
-    for key, ns in prof.weights.items():
+    for key, ns in prof.thread_weights():
         a = acc.setdefault(key.tid, [key.pid, 0, 0, 0])
         a[1 if key.off_cpu is None else 2] += ns
         if key.off_cpu is None:
@@ -114,7 +114,7 @@ def top_functions(prof: Profile, n: int = 10) -> List[Tuple[str, int, int]]:
     (where_time_goes), the heaviest first."""
     short = PathShortener()
     acc: Dict[str, List[int]] = {}
-    for key, ns in prof.weights.items():
+    for key, ns in prof.thread_weights():
         where = where_time_goes(key.frames)
         if where is None:
             continue
@@ -282,6 +282,41 @@ def symbol_hints(prof: Profile, owner=_dpkg_owner) -> List[str]:
     return out
 
 
+def task_table(prof: Profile) -> List[Tuple[int, str, Dict[str, int]]]:
+    """--async: (pid, task root, ns by state) per task, the longest first;
+    states: `running` (its loop thread's time in it, on and off the CPU),
+    `await: KIND` and `ready` (sampled)."""
+    acc: Dict[Tuple[int, str], Dict[str, int]] = {}
+    for key, ns in prof.weights.items():
+        if not key.frames or key.frames[0].kind is not FrameKind.MARKER \
+                or not key.frames[0].name.startswith(TASK_PREFIXES):
+            continue
+        state = key.off_cpu if is_task_wait(key.off_cpu) else "running"
+        a = acc.setdefault((key.pid, key.frames[0].name), {})
+        a[state] = a.get(state, 0) + ns
+    rows = [(pid, label, by) for (pid, label), by in acc.items()]
+    rows.sort(key=lambda r: -sum(r[2].values()))
+    return rows
+
+
+def task_lines(prof: Profile, n: int = 20) -> List[str]:
+    rows = task_table(prof)
+    if not rows:
+        return []
+    out = ["  asyncio tasks (--async; running from the loop thread's time, awaiting and ready "
+           "sampled):",
+           f"  {'task':<34} {'total':>10} {'running':>10} {'awaiting':>10} {'ready':>10}  awaiting on"]
+    for pid, label, by in rows[:n]:
+        run, ready = by.get("running", 0), by.get("ready", 0)
+        waits = {k[len("await: "):]: v for k, v in by.items() if k.startswith("await: ")}
+        out.append(f"  {label[:34]:<34} {fmt_s(sum(by.values())):>10} {fmt_s(run):>10} "
+                   f"{fmt_s(sum(waits.values())):>10} {fmt_s(ready):>10}  "
+                   f"{reasons_text(waits)}".rstrip())
+    if len(rows) > n:
+        out.append(f"  ... and {len(rows) - n} more tasks")
+    return out
+
+
 def render_summary(prof: Profile, top: int = 10) -> str:
     total = prof.total_ns()
     lines = []
@@ -305,6 +340,7 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     if everyone:
         lines.append("  off-CPU by reason, all threads: " + ", ".join(
             f"{r} {fmt_s(ns)}" for r, ns in sorted(everyone.items(), key=lambda kv: -kv[1])))
+    lines.extend(task_lines(prof))
     lines.extend(gil_lines(prof))
     woken = wake_lines(prof)
     if woken:

@@ -1,0 +1,214 @@
+"""--async: snapshots of every target's asyncio tasks while the recording runs.
+
+BPF gives the running task's time exactly: with ASYNC_TASKS each Python stack
+carries its outermost generator-owned frame, which lies inside the coroutine
+of the task that runs (bpf/pyoffcpu.h, pystack.task_frame).  A suspended task
+runs no code, so nothing happens in the kernel to measure: a thread here
+reads the task graph from the target's memory (cpython/asyncio_tasks.py)
+HZ times a second, and gives each task that is not running the time since the
+previous snapshot, at what it was suspended on then (an await chain and its
+kind, or ready).  That split is sampled; the snapshots also tell which task
+owns which coroutine frame, which names BPF's running time.
+
+The thread keeps its own CPU to a share of a core (MAX_SHARE): a loop of
+10,000 tasks is read less often, never at the target's expense.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+from ..cpython import asyncio_tasks as A
+from ..cpython.code import CodeReader
+from ..targets.memory import MemoryError_
+
+DEFAULT_HZ = 100
+MAX_SHARE = 0.05                 # of one core, for all snapshots together
+RETRY_S = 1.0                    # a target whose tasks cannot be read yet: look again
+
+PyFrameText = Tuple[str, str, int]          # (qualified name, file, line)
+
+
+@dataclass
+class TaskInfo:
+    name: str
+    coro_name: str                           # its coroutine's qualified name
+    coro_code: int                           # its coroutine's code object
+    coro: int = 0                            # its coroutine object
+    first_ns: int = 0                        # from the snapshot before the first that saw
+    last_ns: int = 0                         # it to the last that did: its sampled lifetime
+
+
+@dataclass
+class TaskTimes:
+    """What the snapshots found, for the merger (profile/merge.py)."""
+    hz: float = DEFAULT_HZ
+    snapshots: int = 0
+    cost_ns: int = 0                         # this thread's CPU time
+    # (pid, task address) -> its name and coroutine (the latest seen)
+    tasks: Dict[Tuple[int, int], TaskInfo] = field(default_factory=dict)
+    # (pid, frame address) -> task address: whose coroutine frame that is
+    by_frame: Dict[Tuple[int, int], int] = field(default_factory=dict)
+    # (pid, tid, task address, await chain outermost first, kind) -> [snapshots, ns]
+    waits: Dict[tuple, List[int]] = field(default_factory=dict)
+    # pid -> the tasks of its last snapshot
+    alive: Dict[int, Set[int]] = field(default_factory=dict)
+    notices: List[str] = field(default_factory=list)
+    most_tasks: int = 0
+
+    def task_label(self, pid: int, addr: int) -> str:
+        """The folded root of a task: `task NAME` while it lives at the end
+        of the recording, `tasks in CORO` (ended ones, folded by coroutine)."""
+        info = self.tasks.get((pid, addr))
+        if info is None:
+            return ""
+        if addr in self.alive.get(pid, ()):
+            return "task " + info.name
+        return "tasks in " + info.coro_name
+
+
+class TaskSampler:
+    """One thread for the whole session."""
+
+    def __init__(self, targets: Callable[[], List[Tuple[int, object]]], start_ns: int,
+                 hz: int = 0):
+        self.targets = targets                 # () -> [(pid, PythonProcess or None)]
+        self.times = TaskTimes(hz=hz or DEFAULT_HZ)
+        self.start_ns = start_ns
+        self.end_ns: Optional[int] = None
+        self._readers: Dict[int, A.TaskReader] = {}
+        self._codes: Dict[int, CodeReader] = {}
+        self._retry: Dict[int, float] = {}
+        self._said: Set[Tuple[int, str]] = set()
+        self._prev_ns = start_ns
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pyoffcpu-tasks", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, end_ns: int) -> TaskTimes:
+        self.end_ns = end_ns
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            try:
+                self.snapshot_all()                 # the last one, at the end mark
+            except Exception:                       # noqa: BLE001 - keep what we have
+                pass
+        for r in self._readers.values():
+            r.close()
+        return self.times
+
+    def _run(self) -> None:
+        interval = 1.0 / self.times.hz
+        while not self._stop.is_set():
+            c0 = time.thread_time_ns()
+            try:
+                self.snapshot_all()
+            except Exception as e:                  # noqa: BLE001 - never kill the recording
+                self._say(0, "asyncio task snapshots stopped: %s" % e)
+                return
+            cost = time.thread_time_ns() - c0
+            self.times.cost_ns += cost
+            self._stop.wait(max(interval - cost / 1e9, cost / 1e9 * (1 / MAX_SHARE - 1)))
+
+    def _say(self, pid: int, text: str) -> None:
+        if (pid, text) not in self._said:
+            self._said.add((pid, text))
+            self.times.notices.append(text if not pid else "process %d: %s" % (pid, text))
+
+    def _reader(self, pid: int, pp) -> Optional[A.TaskReader]:
+        r = self._readers.get(pid)
+        if r is not None and r.pp is pp:
+            return r
+        if r is not None:                           # the process exec'd another Python
+            r.close()
+            del self._readers[pid]
+        if pp is None or time.monotonic() < self._retry.get(pid, 0.0):
+            return None
+        try:
+            r = A.TaskReader(pp)
+        except A.AsyncioUnavailable as e:
+            self._retry[pid] = time.monotonic() + RETRY_S
+            if pp.minor < (3, 11) or pp.free_threaded:
+                self._retry[pid] = float("inf")
+                self._say(pid, "--async: %s" % e)
+            return None
+        except OSError:
+            self._retry[pid] = time.monotonic() + RETRY_S
+            return None
+        for n in r.notices:
+            self._say(pid, n)
+        self._readers[pid] = r
+        self._codes[pid] = CodeReader(r.mem, pp.minor, pp.offsets, pp.code_type)
+        return r
+
+    def snapshot_all(self) -> None:
+        now = time.monotonic_ns()
+        if self.end_ns is not None:
+            now = min(now, self.end_ns)
+        weight = now - self._prev_ns
+        self._prev_ns = now
+        for pid, pp in self.targets():
+            r = self._reader(pid, pp)
+            if r is None:
+                continue
+            try:
+                snap = r.snapshot()
+            except A.AsyncioUnavailable as e:
+                self._retry[pid] = time.monotonic() + RETRY_S
+                del self._readers[pid]
+                r.close()
+                if "not imported" not in str(e):
+                    self._say(pid, "--async: %s" % e)
+                continue
+            except (MemoryError_, OSError):
+                continue                            # it is exiting: keep what it had
+            self._record(pid, snap, now, weight)
+        self.times.snapshots += 1
+
+    def _record(self, pid: int, snap: A.Snapshot, now: int, weight: int) -> None:
+        t = self.times
+        codes = self._codes[pid]
+        minor = self._readers[pid].pp.minor
+        gen_iframe = self._readers[pid].L["gen_iframe"]
+        names = {k.addr: k.name for k in snap.tasks}
+        alive = set()
+        for task in snap.tasks:
+            alive.add(task.addr)
+            chain: List[PyFrameText] = []
+            raw: List[Tuple[str, str]] = []
+            for code, offset in task.frames:
+                info = codes.code(code)
+                if info is None:
+                    chain.append(("?", "?", -1))
+                    raw.append(("?", "?"))
+                else:
+                    chain.append((info.name, info.filename, info.line_for(minor, offset)))
+                    raw.append((info.name, info.filename))
+            key = (pid, task.addr)
+            info = t.tasks.get(key)
+            if info is None or info.name != task.name or info.coro != task.coro:
+                # a new task (or a new one at a freed one's address)
+                # its time starts where this snapshot's weight does
+                info = t.tasks[key] = TaskInfo(task.name, "?", 0, task.coro, first_ns=now - weight)
+            if task.frames:
+                info.coro_code = task.frames[0][0]
+                info.coro_name = chain[0][0]
+            info.last_ns = now
+            if task.coro:
+                t.by_frame[(pid, task.coro + gen_iframe)] = task.addr
+            if task.state == A.RUNNING or weight <= 0:
+                continue                            # BPF measures it
+            kind = A.await_kind(raw, task, names)
+            wkey = (pid, task.tid, task.addr, tuple(chain), kind)
+            slot = t.waits.get(wkey)
+            if slot is None:
+                slot = t.waits[wkey] = [0, 0]
+            slot[0] += 1
+            slot[1] += weight
+        t.alive[pid] = alive
+        t.most_tasks = max(t.most_tasks, len(snap.tasks))
