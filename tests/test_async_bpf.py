@@ -124,3 +124,48 @@ def test_async_refused_where_it_cannot_work(bpf):
     res = subprocess.run(pyoffcpu_cmd("dump", "-p", str(os.getpid()), "--async"), env=env(),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and "asyncio" in res.stderr and "Traceback" not in res.stderr
+
+
+ASGI = ["uvicorn==0.32.1", "fastapi==0.115.6"]
+
+
+def test_uvicorn_fastapi_await_on_dependency(bpf, tmp_path):
+    """A FastAPI app under uvicorn (from PyPI) with 4 clients: each request's
+    handler does 2 ms of CPU work and awaits a dependency that answers in
+    30 ms.  The request tasks (folded by their coroutine: each lives 35 ms)
+    spend most of their time awaiting that socket read, and the profile
+    says so."""
+    import threading
+    import urllib.request
+    from conftest import cached_venv
+    python = cached_venv("asgi", python_or_skip("pyenv-3.12"), ASGI)
+    w = Workload(python, "asgi_app.py", "60")
+    port = int(next(ln.split()[1] for ln in w.lines if ln.startswith("port ")))
+    stop = threading.Event()
+    served = [0]
+
+    def client():
+        while not stop.is_set():
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/work", timeout=10).read()
+            served[0] += 1
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    for c in clients:
+        c.start()
+    try:
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "--async", "-d", "4", timeout=120)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(timeout=15)
+        w.stop()
+    assert served[0] > 100, served
+    tasks, _ = task_times(prof, w.pid)
+    by = tasks.get("tasks in RequestResponseCycle.run_asgi")
+    assert by, sorted(tasks)
+    top = max(by, key=by.get)
+    assert top == "await: socket read", by
+    assert by[top] > 0.6 * sum(by.values()), by
+    # the handler's frames are in it, under the request's coroutine
+    reads = [k for k in prof.weights if k.frames and k.frames[0].name == "tasks in RequestResponseCycle.run_asgi"
+             and k.off_cpu == "await: socket read"]
+    assert any(f.name == "work" for k in reads for f in k.frames), reads[:2]

@@ -31,7 +31,7 @@ RETRY_S = 1.0                    # a target whose tasks cannot be read yet: look
 PyFrameText = Tuple[str, str, int]          # (qualified name, file, line)
 
 
-@dataclass
+@dataclass(eq=False)
 class TaskInfo:
     name: str
     coro_name: str                           # its coroutine's qualified name
@@ -45,26 +45,40 @@ class TaskInfo:
 class TaskTimes:
     """What the snapshots found, for the merger (profile/merge.py)."""
     hz: float = DEFAULT_HZ
+    start_ns: int = 0                        # the recording's start
     snapshots: int = 0
     cost_ns: int = 0                         # this thread's CPU time
     # (pid, task address) -> its name and coroutine (the latest seen)
     tasks: Dict[Tuple[int, int], TaskInfo] = field(default_factory=dict)
     # (pid, frame address) -> task address: whose coroutine frame that is
     by_frame: Dict[Tuple[int, int], int] = field(default_factory=dict)
-    # (pid, tid, task address, await chain outermost first, kind) -> [snapshots, ns]
+    # (pid, tid, task address, TaskInfo, await chain outermost first, kind) -> [snapshots, ns]
     waits: Dict[tuple, List[int]] = field(default_factory=dict)
     # pid -> the tasks of its last snapshot
     alive: Dict[int, Set[int]] = field(default_factory=dict)
     notices: List[str] = field(default_factory=list)
     most_tasks: int = 0
 
+    def label_of(self, pid: int, addr: int, info: TaskInfo) -> str:
+        """task_label of the task `info` describes, which may have been
+        followed at its address by another."""
+        if self.tasks.get((pid, addr)) is not info:
+            return "tasks in " + info.coro_name
+        return self.task_label(pid, addr)
+
     def task_label(self, pid: int, addr: int) -> str:
-        """The folded root of a task: `task NAME` while it lives at the end
-        of the recording, `tasks in CORO` (ended ones, folded by coroutine)."""
+        """The folded root of a task: `task NAME` for one that lived through
+        the whole recording (from the first snapshot to the last), `tasks in
+        CORO` for the others, folded by coroutine, as ended threads fold by
+        entry function.  Only the first are named because only their time
+        is theirs by construction: BPF knows a running task by its
+        coroutine's address, which a task that lives throughout holds
+        throughout, while a short task's address may be an earlier or a
+        later one's too (with the same coroutine, checked by its code)."""
         info = self.tasks.get((pid, addr))
         if info is None:
             return ""
-        if addr in self.alive.get(pid, ()):
+        if addr in self.alive.get(pid, ()) and info.first_ns <= self.start_ns:
             return "task " + info.name
         return "tasks in " + info.coro_name
 
@@ -75,7 +89,7 @@ class TaskSampler:
     def __init__(self, targets: Callable[[], List[Tuple[int, object]]], start_ns: int,
                  hz: int = 0):
         self.targets = targets                 # () -> [(pid, PythonProcess or None)]
-        self.times = TaskTimes(hz=hz or DEFAULT_HZ)
+        self.times = TaskTimes(hz=hz or DEFAULT_HZ, start_ns=start_ns)
         self.start_ns = start_ns
         self.end_ns: Optional[int] = None
         self._readers: Dict[int, A.TaskReader] = {}
@@ -204,7 +218,7 @@ class TaskSampler:
             if task.state == A.RUNNING or weight <= 0:
                 continue                            # BPF measures it
             kind = A.await_kind(raw, task, names)
-            wkey = (pid, task.tid, task.addr, tuple(chain), kind)
+            wkey = (pid, task.tid, task.addr, info, tuple(chain), kind)
             slot = t.waits.get(wkey)
             if slot is None:
                 slot = t.waits[wkey] = [0, 0]

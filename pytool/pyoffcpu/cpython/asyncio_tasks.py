@@ -53,6 +53,10 @@ READY = "ready"                  # runnable: its step is queued behind other cal
 CREATED = "created"              # not started yet (its first step is queued)
 
 
+class TaskDone(Exception):
+    """A task that has finished: not one of the loop's tasks any more."""
+
+
 class AsyncioUnavailable(Exception):
     """The target's tasks cannot be read (one line: why)."""
 
@@ -349,6 +353,8 @@ class TaskReader:
 
         def word(off: int) -> int:
             return struct.unpack_from("<Q", raw, off)[0]
+        if struct.unpack_from("<i", raw, L["fut_state"])[0] != L["fut_pending"]:
+            raise TaskDone()                    # done, not yet freed (still in the set)
         coro, waiter, loop = word(L["task_coro"]), word(L["task_fut_waiter"]), word(L["fut_loop"])
         name_obj = word(L["task_name"])
         name = self.task_name(name_obj) if name_obj else "?"
@@ -480,6 +486,8 @@ class TaskReader:
             seen.add(addr)
             try:
                 t = self._read_task(addr, tid)
+            except TaskDone:
+                continue
             except (MemoryError_, struct.error, ValueError, UnicodeDecodeError):
                 snap.dropped += 1
                 continue

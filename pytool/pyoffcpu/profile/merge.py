@@ -288,8 +288,8 @@ class Merger:
                 frame = self._python_frame(info, minor, offset, flags)
                 addr = times.by_frame.get((st.tgid, st.task_frame))
                 label = times.task_label(st.tgid, addr) if addr else ""
-                if addr and times.tasks[(st.tgid, addr)].coro_code != code:
-                    label = ""                  # the address is another coroutine's now
+                if not label.startswith("task ") or times.tasks[(st.tgid, addr)].coro_code != code:
+                    label = ""                  # not a task of the whole recording: by its code
                 if not label:
                     outer = st.frames[k + 1][2] & 0xff if k + 1 < len(st.frames) else -1
                     if flags & PYF_ENTRY or outer >= OWNER_SHIM:
@@ -460,9 +460,14 @@ def _add_task_waits(prof: P.Profile, rec: Recording) -> None:
     # beside their measured running time: each root then adds up to its
     # tasks' lifetimes, and the samples only split that time between the
     # awaits (a snapshot's whole interval goes to the state it saw).
+    # Only roots of tasks that live at the end have a known lifetime: an
+    # ended task may have run (and been measured) between two snapshots
+    # that never saw it, so `tasks in CORO` keeps its samples as they are.
     lifetime: Dict[Tuple[int, str], int] = {}
     for (pid, addr), info in times.tasks.items():
         label = times.task_label(pid, addr)
+        if not label.startswith("task "):
+            continue
         lifetime[(pid, label)] = lifetime.get((pid, label), 0) + info.last_ns - info.first_ns
     running: Dict[Tuple[int, str], int] = {}
     for key, ns in prof.weights.items():
@@ -472,8 +477,8 @@ def _add_task_waits(prof: P.Profile, rec: Recording) -> None:
             running[k] = running.get(k, 0) + ns
     sampled: Dict[Tuple[int, str], int] = {}
     rows = []
-    for (pid, tid, addr, chain, kind), (count, ns) in times.waits.items():
-        label = times.task_label(pid, addr)
+    for (pid, tid, addr, info, chain, kind), (count, ns) in times.waits.items():
+        label = times.label_of(pid, addr, info)
         sampled[(pid, label)] = sampled.get((pid, label), 0) + ns
         rows.append((pid, tid, label, chain, kind, count, ns))
     scale = {}
@@ -488,8 +493,8 @@ def _add_task_waits(prof: P.Profile, rec: Recording) -> None:
     # A task no snapshot saw suspended (a CPU-bound one that yields for
     # moments) still was not running for the rest of its lifetime: that
     # time is [suspended], its state not seen.
-    loop_tid = {(pid, times.task_label(pid, addr)): tid
-                for (pid, tid, addr, _c, _k) in times.waits}
+    loop_tid = {(pid, times.label_of(pid, addr, info)): tid
+                for (pid, tid, addr, info, _c, _k) in times.waits}
     for (pid, label), life in lifetime.items():
         if (pid, label) in sampled:
             continue
