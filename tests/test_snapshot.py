@@ -139,6 +139,27 @@ def snap(d, *args, wait=True):
     return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=180)
 
 
+def wait_attached(pid, timeout=120):
+    """Until process `pid` holds a perf event (its sampling is attached: the
+    recording starts right after).  A snapshot says nothing on stderr, and
+    how long it takes to get there depends on the machine's load and on
+    whether its BPF programs were in the cache."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return
+        for fd in fds:
+            try:
+                if "perf_event" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                    return
+            except OSError:
+                continue
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} never attached")
+
+
 def age_index(d, days):
     """A week goes by: every entry so far is `days` older."""
     p = os.path.join(d, "index.json")
@@ -172,18 +193,17 @@ def test_three_cron_runs_with_retention_a_lock_and_a_report(tmp_path, bpf):
     try:
         runs = []
         for i in range(3):
-            # the third target ends 2.5 s into each run, while it is recorded
-            # (a snapshot starts recording within 0.5-1.5 s, for 3 s)
+            # the third target ends 1.2 s into each 3 s recording, while it is recorded
             short = Workload(None, "split.py", argv=[pythons[2], script, "300", TAG])
             procs[short.pid] = short
-            t0 = time.monotonic()
             run = snap(d, wait=False)
-            time.sleep(1.0)
+            wait_attached(run.pid)
+            t0 = time.monotonic()
             if i == 2:
                 other = snap(d)                                 # overlaps: refused
                 assert other.returncode == S.EXIT_LOCKED and "another snapshot" in other.stderr, other
                 assert other.stdout == "" and len(other.stderr.splitlines()) == 1, other
-            time.sleep(max(0.0, t0 + 2.5 - time.monotonic()))
+            time.sleep(max(0.0, t0 + 1.2 - time.monotonic()))
             short.proc.terminate()
             short.proc.wait(timeout=30)
             out, err = run.communicate(timeout=180)

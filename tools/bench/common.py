@@ -293,6 +293,7 @@ class Results:
     unwind: Optional[dict] = None               # case 14
     torch: Optional[dict] = None                # case 15
     py315: Optional[dict] = None                # case 16
+    asyncio: Optional[dict] = None              # case 17
     notes: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
 

@@ -35,6 +35,9 @@ Cases (numbers as in issue #5):
  16 CPython 3.15 (issue 26, tools/bench/case_py315.py): cases 2, 3 and 5 on Debian's
     python3.15 in the chroot, with its own sampler (`python3.15 -m profiling.sampling`,
     1 kHz and 100 Hz) beside pyoffcpu and py-spy
+ 17 asyncio (issue 27, tools/bench/case_async.py): an asyncio loop on 3.15 (a worker
+    task beside a ticker, a queue and 200 waiting tasks), its slowdown under pyoffcpu
+    --async and under 3.15's sampler in its async-aware mode (--async-mode all)
  12 system-wide: `pyoffcpu -a --mode cpu -F 99` beside 50 Python processes of 5
     interpreters (tools/bench/fleet.py: idle, busy, short-lived): its own CPU
     over a 10 s window, peak RSS, time to `recording`, how many it found with
@@ -306,6 +309,9 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
     if res.py315:
         import case_py315
         out.extend(case_py315.render_py315(res.py315))
+    if res.asyncio:
+        import case_async
+        out.extend(case_async.render_async(res.asyncio))
     if res.notes:
         out.append("## Notes\n")
         out.extend(f"- {n}" for n in res.notes)
@@ -323,7 +329,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 7)))
     ap.add_argument("--work-s", type=float, default=float(os.environ.get("BENCH_WORK_S", 1.0)))
     ap.add_argument("--long-s", type=float, default=float(os.environ.get("BENCH_LONG_S", 60)))
-    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15,16"),
+    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15,16,17"),
                     help="comma-separated subset of 1-7 and 9-12 (8 comes with 1-4)")
     ap.add_argument("--threadserver-s", type=float,
                     default=float(os.environ["BENCH_THREADSERVER_S"]) if os.environ.get("BENCH_THREADSERVER_S")
@@ -491,6 +497,18 @@ def main():
                 except Exception as e:                          # noqa: BLE001
                     res.errors.append(f"case 16: {e}")
                     log(f"case 16: FAILED: {e}")
+        if "17" in cases:
+            import case_async
+            why = case_async.available()
+            if why:
+                res.errors.append(f"case 17: {why}")
+                log(f"case 17: left out: {why}")
+            else:
+                try:
+                    res.asyncio = case_async.async_case(tools, args.pairs, args.work_s)
+                except Exception as e:                          # noqa: BLE001
+                    res.errors.append(f"case 17: {e}")
+                    log(f"case 17: FAILED: {e}")
         if "15" in cases:
             log("case 15: PyTorch as it is run")
             import case_torch

@@ -233,7 +233,48 @@ class Split:
         return {"main_loop": main_out, "worker_loop": worker_out}
 
 
-KINDS = {"cpu": Cpu, "threads": Threads, "pingpong": PingPong, "idle": Idle, "split": Split}
+class Async:
+    """An asyncio loop (case 17): a task doing n units of cpu_run work, one
+    unit per step (`await asyncio.sleep(0)` between), beside a ticker
+    (asyncio.sleep(0.01)), a queue fed by a producer task every 5 ms, and
+    N_IDLE tasks waiting on an event; a run ends when the worker is done."""
+    N_IDLE = 200
+
+    def run(self, n):
+        import asyncio
+        return asyncio.run(self.main(n))
+
+    async def main(self, n):
+        import asyncio
+        ev, queue = asyncio.Event(), asyncio.Queue()
+
+        async def ticker():
+            while True:
+                await asyncio.sleep(0.01)
+
+        async def producer():
+            while True:
+                await asyncio.sleep(0.005)
+                queue.put_nowait(1)
+
+        async def consumer():
+            while True:
+                await queue.get()
+
+        others = [asyncio.create_task(c()) for c in (ticker, producer, consumer)]
+        others += [asyncio.create_task(ev.wait()) for _ in range(self.N_IDLE)]
+        for _ in range(n):
+            cpu_unit()
+            await asyncio.sleep(0)
+        ev.set()
+        for t in others:
+            t.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        return {}
+
+
+KINDS = {"cpu": Cpu, "threads": Threads, "pingpong": PingPong, "idle": Idle, "split": Split,
+         "async": Async}
 
 
 def main():

@@ -226,3 +226,7 @@ class TaskSampler:
             slot[1] += weight
         t.alive[pid] = alive
         t.most_tasks = max(t.most_tasks, len(snap.tasks))
+        if any(not task.tid for task in snap.tasks):
+            self._say(pid, "--async: the thread of a loop is not known (its run_forever is not "
+                           "Python code: uvloop?); its suspended tasks are shown under the main "
+                           "thread, their running time under the thread that ran them")

@@ -160,13 +160,19 @@ class TaskReader:
                                         "using the target's" % (k, self.dbg[k], self.L[k]))
                     self.L[k] = self.dbg[k]
         self._type_names: Dict[int, str] = {}
+        # the bytes of a frame the chain reads: up to its last field
+        o = self.o
+        self._frame_head = 8 + max(o["iframe_code"], o["iframe_instr"],
+                                   self.L["iframe_stackpointer"], self.L["iframe_stacktop"])
         self._weakset: int = 0          # 3.11-3.13: the set object of the WeakSet
         self._weakref_type: int = 0
         self._names: Dict[Tuple[int, int, int], str] = {}
 
     # -- small reads ---------------------------------------------------------------
     def type_name(self, obj: int) -> str:
-        tp = self.mem.u64(obj + self.o["object_type"])
+        return self.name_of_type(self.mem.u64(obj + self.o["object_type"]))
+
+    def name_of_type(self, tp: int) -> str:
         name = self._type_names.get(tp)
         if name is None:
             ptr = self.mem.u64(tp + self.o["type_name"])
@@ -191,10 +197,11 @@ class TaskReader:
     def task_name(self, addr: int) -> str:
         """A task's name: a str, or (3.13+, not yet asked for) the int N of
         "Task-N"."""
-        tname = self.type_name(addr)
+        head = self.mem.read(addr, 40)              # str: ob_refcnt, ob_type, length, hash
+        tname = self.name_of_type(struct.unpack_from("<Q", head, self.o["object_type"])[0])
         if tname == "str":
-            h = self.mem.i64(addr + 24)             # ob_hash: the content's, -1 not computed
-            length = self.mem.i64(addr + self.o["unicode_length"])
+            # keyed by the content's hash too (-1: not computed yet, not kept)
+            length, h = struct.unpack_from("<qq", head, self.o["unicode_length"])
             key = (addr, h, length)
             if h != -1 and key in self._names:
                 return self._names[key]
@@ -203,20 +210,20 @@ class TaskReader:
                 self._names[key] = s
             return s
         if tname == "int":
-            return "Task-%d" % self._small_int(addr)
+            return "Task-%d" % self._small_int(head)
         return "<%s>" % tname
 
-    def _small_int(self, addr: int) -> int:
-        m = self.mem
+    def _small_int(self, head: bytes) -> int:
+        """An int's value from its first 40 bytes (up to 3 30-bit digits)."""
         if self.pp.minor >= (3, 12):
-            tag = m.u64(addr + 16)
+            tag = struct.unpack_from("<Q", head, 16)[0]
             ndigits, sign = tag >> 3, 1 - (tag & 3)
         else:
-            size = m.i64(addr + 16)
+            size = struct.unpack_from("<q", head, 16)[0]
             ndigits, sign = abs(size), (1 if size >= 0 else -1)
         value = 0
-        for i in range(min(ndigits, 3)):
-            value |= m.u32(addr + 24 + 4 * i) << (30 * i)
+        for i in range(min(ndigits, 4)):
+            value |= struct.unpack_from("<I", head, 24 + 4 * i)[0] << (30 * i)
         return sign * value
 
     # -- where the tasks are ---------------------------------------------------------
@@ -330,14 +337,15 @@ class TaskReader:
             if not ref:
                 continue
             try:
-                tp = m.u64(ref + self.o["object_type"])
+                head = m.read(ref, max(self.o["object_type"], L["weakref_object"]) + 8)
+                tp = struct.unpack_from("<Q", head, self.o["object_type"])[0]
                 if self._weakref_type and tp != self._weakref_type:
                     continue                    # the dummy of a deleted entry
                 if not self._weakref_type:
-                    if self.type_name(ref) != "weakref.ReferenceType":
+                    if self.name_of_type(tp) != "weakref.ReferenceType":
                         continue
                     self._weakref_type = tp
-                obj = m.u64(ref + L["weakref_object"])
+                obj = struct.unpack_from("<Q", head, L["weakref_object"])[0]
             except MemoryError_:
                 continue
             if obj:
@@ -348,7 +356,7 @@ class TaskReader:
 
     # -- one task --------------------------------------------------------------------
     def _read_task(self, addr: int, tid: int) -> Task:
-        m, L = self.mem, self.L
+        m, L, o = self.mem, self.L, self.o
         raw = m.read(addr, L["task_size"])
 
         def word(off: int) -> int:
@@ -360,9 +368,10 @@ class TaskReader:
         name = self.task_name(name_obj) if name_obj else "?"
         t = Task(addr=addr, name=name, coro=coro, loop=loop, state=READY, waiter=waiter, tid=tid)
         if waiter:
-            t.waiter_type = self.type_name(waiter)
+            head = m.read(waiter, L["fut_state"] + 4)
+            t.waiter_type = self.name_of_type(struct.unpack_from("<Q", head, o["object_type"])[0])
             t.waiter_is_task = t.waiter_type.endswith("Task")
-            state = m.i32(waiter + L["fut_state"])
+            state = struct.unpack_from("<i", head, L["fut_state"])[0]
             t.state = AWAITING if state == L["fut_pending"] else READY
         if coro:
             first = self._chain(t, coro)
@@ -401,44 +410,52 @@ class TaskReader:
         fs = L["frame_state"]
         first_state = None
         gen = coro
+        fi = L["gen_iframe"]
         for _ in range(MAX_CHAIN):
-            state = struct.unpack("<b", m.read(gen + L["gen_frame_state"], 1))[0]
+            # the coroutine's state and its frame's fields, in one read
+            raw = m.read(gen, fi + self._frame_head)
+            state = struct.unpack_from("<b", raw, L["gen_frame_state"])[0]
             if first_state is None:
                 first_state = state
             if state not in (fs["created"], fs["executing"], fs["suspended_await"],
                              fs["suspended_yield"]):
                 break                               # completed or cleared
-            frame = gen + L["gen_iframe"]
-            code = m.u64(frame + o["iframe_code"]) & ~3
-            instr = m.u64(frame + o["iframe_instr"])
+            frame = gen + fi
+            code = struct.unpack_from("<Q", raw, fi + o["iframe_code"])[0] & ~3
+            instr = struct.unpack_from("<Q", raw, fi + o["iframe_instr"])[0]
             offset = (instr - code - o["code_code_adaptive"]) & 0xffffffff
             if offset >= 1 << 31:
                 offset -= 1 << 32
             t.frames.append((code, offset))
             if state != fs["suspended_await"]:
                 break
-            top = self._stack_top(frame)
+            top = self._stack_top(frame, raw[fi:])
             if not top:
                 break
-            kind = self.type_name(top)
+            head = m.read(top, max(o["object_type"], L["futureiter_future"]) + 8)
+            kind = self.name_of_type(struct.unpack_from("<Q", head, o["object_type"])[0])
             if kind in ("coroutine", "generator"):
                 gen = top
                 continue
             if kind.endswith("FutureIter"):
-                fut = m.u64(top + L["futureiter_future"])
-                t.awaited_type = self.type_name(fut) if fut else kind
+                fut = struct.unpack_from("<Q", head, L["futureiter_future"])[0]
+                if fut and fut == t.waiter:
+                    t.awaited_type = t.waiter_type
+                else:
+                    t.awaited_type = self.type_name(fut) if fut else kind
             else:
                 t.awaited_type = kind
             break
         return first_state if first_state is not None else 0
 
-    def _stack_top(self, frame: int) -> int:
+    def _stack_top(self, frame: int, head: bytes) -> int:
+        """The awaited object of a suspended frame; `head`: its first bytes."""
         m, L = self.mem, self.L
         if L["iframe_stackpointer"] >= 0:
-            sp = m.u64(frame + L["iframe_stackpointer"])
+            sp = struct.unpack_from("<Q", head, L["iframe_stackpointer"])[0]
             slot = sp - 8 * L["stack_above_awaited"]
         else:
-            top = m.i32(frame + L["iframe_stacktop"])
+            top = struct.unpack_from("<i", head, L["iframe_stacktop"])[0]
             if not 0 < top < 4096:
                 return 0
             slot = frame + L["iframe_localsplus"] + 8 * (top - 1)
