@@ -21,7 +21,7 @@ import re
 import zlib
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..profile.model import FrameKind, Profile
+from ..profile.model import FrameKind, Profile, is_task_wait
 
 WIDTH = 1200
 XPAD = 10
@@ -108,7 +108,9 @@ def _rgb(r: float, g: float, b: float) -> str:
 
 
 def is_off_cpu_marker(label: str, kind: FrameKind) -> bool:
-    return kind is FrameKind.MARKER and label.startswith("[off-cpu")
+    """[off-cpu: REASON], and --async's [await: KIND] / [ready] / [suspended]."""
+    return kind is FrameKind.MARKER and label.startswith("[") and (
+        label.startswith("[off-cpu") or is_task_wait(label[1:-1]))
 
 
 def frame_colour(label: str, kind: FrameKind, on_ns: int, off_ns: int) -> str:
