@@ -209,7 +209,9 @@ def test_wakers_name_who_ended_each_wait(tmp_path, bpf, label):
                  if k.tid == tids[name] and k.off_cpu == reason]
         total = sum(ns for _, ns in waits)
         good = sum(ns for k, ns in waits if k.waker and test(k.waker))
-        assert total > 0.5e9 and good >= SHARE * total, (
+        # a wait open at the start (begun before BPF saw it) and one open at
+        # the end have no waker: up to one 50 ms period each, 5% of 2 s
+        assert total > 0.5e9 and total - good <= max((1 - SHARE) * total, 0.11e9), (
             name, reason, total, [(k.waker, ns) for k, ns in waits][:5])
 
     def woken_at(tid, line):
