@@ -371,3 +371,29 @@ def test_disk_cache_keeps_the_recently_used_tables(tmp_path, monkeypatch):
     assert len(left) == 2, left
     again = T.TableCache(str(cache_dir))
     assert again.get(copies[4], None) is not None and again.loaded == 1
+
+
+def test_vdso_table_is_cached_on_disk_by_its_bytes(tmp_path):
+    """The vDSO's table (it has functions without CFI: prologue analysis,
+    capstone) is made once, then read from the disk cache by later
+    sessions; an image that differs by one byte is another entry, whatever
+    build-id it claims."""
+    from pyoffcpu.native.elffile import ElfCache
+    got = ElfCache().vdso()
+    if got is None:
+        pytest.skip("no vDSO mapped here")
+    data, info = got
+    d = tmp_path / "c"
+    d.mkdir(mode=0o700)
+    first = T.TableCache(str(d))
+    t1 = first.get_bytes("[vdso]", data, info.build_id)
+    assert t1 is not None and first.built == 1 and first.loaded == 0
+    again = T.TableCache(str(d))
+    t2 = again.get_bytes("[vdso]", data, info.build_id)
+    assert again.built == 0 and again.loaded == 1
+    assert t2.rows == t1.rows
+    other = bytearray(data)
+    other[-1] ^= 0xff                   # past the code: the same table, another key
+    third = T.TableCache(str(d))
+    third.get_bytes("[vdso]", bytes(other), info.build_id)
+    assert third.loaded == 0 and third.built == 1

@@ -520,18 +520,24 @@ class TableCache:
         return t
 
     def get_bytes(self, name: str, data: bytes, build_id: Optional[str]) -> Optional[UnwindTable]:
-        """For in-memory images (the vDSO)."""
+        """For in-memory images (the vDSO): kept on disk too, keyed by the
+        image's bytes (never by its build-id alone), so that a start does not
+        analyse the vDSO's code again (its functions without CFI: 0.25 s,
+        most of it importing capstone)."""
         import io
-        key = hashlib.sha256(f"v{self.VERSION}:{_variant()}mem:{name}:{build_id}".encode() + (
-            b"" if build_id else hashlib.sha256(data).digest())).hexdigest()[:32]
+        key = hashlib.sha256(f"v{self.VERSION}:{_variant()}mem:{name}:{build_id}".encode()
+                             + hashlib.sha256(data).digest()).hexdigest()[:32]
         if key in self._mem:
             return self._mem[key]
+        t = self.cached(key, build_id)
+        if t is not None:
+            return t
         try:
             t = table_from_elf(io.BytesIO(data))
         except Exception:
-            t = None
-        self._mem[key] = t
-        return t
+            self._mem[key] = None
+            return None
+        return self.store(key, t, build_id)
 
     def _read(self, key: str) -> Optional[UnwindTable]:
         path = self.path_of(key)
