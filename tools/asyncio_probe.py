@@ -225,13 +225,16 @@ def main():
         if found is None:
             raise SystemExit("WeakSet.data not found")
         out["weakset_data"] = found
-        s = ws.data
-        out["set_mask"], out["set_table"] = 32, 40
-        if word(id(s) + 32) + 1 < len(s) or word(id(s) + 24) != len(s):
-            raise SystemExit("set layout")
-        r = next(iter(s))
+        r = next(iter(ws.data))
         out["weakref_object"] = one("weakref_object",
                                     find(id(r), type(r).__basicsize__, id(r())))
+    # a set's used count, mask and table (the task WeakSet's, 3.14+'s awaited_by)
+    big = set(range(100, 140))
+    out["set_mask"], out["set_table"] = 32, 40
+    table = word(id(big) + 40)
+    if word(id(big) + 24) != len(big) or word(id(big) + 32) + 1 < len(big) or \
+            not any(word(table + 16 * i) == id(120) for i in range(word(id(big) + 32) + 1)):
+        raise SystemExit("set layout")
     out["dict_keys"] = 32
     out["dict_values"] = 40
     for c in (c1, c2, c_y, created):

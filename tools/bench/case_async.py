@@ -21,7 +21,7 @@ from typing import Dict, List
 
 import case_py315
 from case_py315 import CHROOT, INNER, PYTHON, TACHYON, Worker315
-from common import HERE, Profiler, Results, Tools, log
+from common import HERE, Profiler, Results, Tools
 
 PYOFFCPU_ASYNC = "pyoffcpu --mode wall --async"
 
@@ -60,7 +60,6 @@ def async_case(tools: Tools, pairs: int, work_s: float) -> Dict:
     profs = [p for p in [t.profs.get("pyoffcpu --mode wall")] + extra if p is not None]
     try:
         n = calibrate(t, "async", 2000, work_s)
-        log("case 17: an asyncio loop on 3.15, --async beside Tachyon --async-aware")
         slowdown_case(t, res, "17", "async", n, profs, pairs, {})
     finally:
         shutil.rmtree(CHROOT + INNER, ignore_errors=True)

@@ -323,6 +323,23 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
     return "\n".join(out)
 
 
+def chroot_case(res, case: str, what: str, available, run):
+    """A case that needs the chroot's interpreters: left out with the reason
+    when they are not there, its failure kept as an error; its result or None."""
+    why = available()
+    if why:
+        res.errors.append(f"case {case}: {why}")
+        log(f"case {case}: left out: {why}")
+        return None
+    log(f"case {case}: {what}")
+    try:
+        return run()
+    except Exception as e:                              # noqa: BLE001
+        res.errors.append(f"case {case}: {e}")
+        log(f"case {case}: FAILED: {e}")
+        return None
+
+
 # -- main ----------------------------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -485,30 +502,15 @@ def main():
             unwind_case(tools, res)
         if "16" in cases:
             import case_py315
-            why = case_py315.available()
-            if why:
-                res.errors.append(f"case 16: {why}")
-                log(f"case 16: left out: {why}")
-            else:
-                log("case 16: CPython 3.15 beside its own sampler")
-                try:
-                    res.py315 = case_py315.py315_case(tools, args.pairs, args.work_s, args.accuracy_runs,
-                                                      args.accuracy_s, args.switch_rate)
-                except Exception as e:                          # noqa: BLE001
-                    res.errors.append(f"case 16: {e}")
-                    log(f"case 16: FAILED: {e}")
+            res.py315 = chroot_case(res, "16", "CPython 3.15 beside its own sampler", case_py315.available,
+                                    lambda: case_py315.py315_case(tools, args.pairs, args.work_s,
+                                                                  args.accuracy_runs, args.accuracy_s,
+                                                                  args.switch_rate))
         if "17" in cases:
             import case_async
-            why = case_async.available()
-            if why:
-                res.errors.append(f"case 17: {why}")
-                log(f"case 17: left out: {why}")
-            else:
-                try:
-                    res.asyncio = case_async.async_case(tools, args.pairs, args.work_s)
-                except Exception as e:                          # noqa: BLE001
-                    res.errors.append(f"case 17: {e}")
-                    log(f"case 17: FAILED: {e}")
+            res.asyncio = chroot_case(res, "17", "asyncio on 3.15, --async beside its sampler",
+                                      case_async.available,
+                                      lambda: case_async.async_case(tools, args.pairs, args.work_s))
         if "15" in cases:
             log("case 15: PyTorch as it is run")
             import case_torch

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ..cpython import asyncio_tasks as A
-from ..cpython.code import CodeReader
 from ..targets.memory import MemoryError_
 
 DEFAULT_HZ = 100
@@ -46,8 +45,6 @@ class TaskTimes:
     """What the snapshots found, for the merger (profile/merge.py)."""
     hz: float = DEFAULT_HZ
     start_ns: int = 0                        # the recording's start
-    snapshots: int = 0
-    cost_ns: int = 0                         # this thread's CPU time
     # (pid, task address) -> its name and coroutine (the latest seen)
     tasks: Dict[Tuple[int, int], TaskInfo] = field(default_factory=dict)
     # (pid, frame address) -> task address: whose coroutine frame that is
@@ -57,7 +54,6 @@ class TaskTimes:
     # pid -> the tasks of its last snapshot
     alive: Dict[int, Set[int]] = field(default_factory=dict)
     notices: List[str] = field(default_factory=list)
-    most_tasks: int = 0
 
     def label_of(self, pid: int, addr: int, info: TaskInfo) -> str:
         """task_label of the task `info` describes, which may have been
@@ -93,7 +89,6 @@ class TaskSampler:
         self.start_ns = start_ns
         self.end_ns: Optional[int] = None
         self._readers: Dict[int, A.TaskReader] = {}
-        self._codes: Dict[int, CodeReader] = {}
         self._retry: Dict[int, float] = {}
         self._said: Set[Tuple[int, str]] = set()
         self._prev_ns = start_ns
@@ -126,7 +121,6 @@ class TaskSampler:
                 self._say(0, "asyncio task snapshots stopped: %s" % e)
                 return
             cost = time.thread_time_ns() - c0
-            self.times.cost_ns += cost
             self._stop.wait(max(interval - cost / 1e9, cost / 1e9 * (1 / MAX_SHARE - 1)))
 
     def _say(self, pid: int, text: str) -> None:
@@ -157,7 +151,6 @@ class TaskSampler:
         for n in r.notices:
             self._say(pid, n)
         self._readers[pid] = r
-        self._codes[pid] = CodeReader(r.mem, pp.minor, pp.offsets, pp.code_type)
         return r
 
     def snapshot_all(self) -> None:
@@ -182,27 +175,16 @@ class TaskSampler:
             except (MemoryError_, OSError):
                 continue                            # it is exiting: keep what it had
             self._record(pid, snap, now, weight)
-        self.times.snapshots += 1
 
     def _record(self, pid: int, snap: A.Snapshot, now: int, weight: int) -> None:
         t = self.times
-        codes = self._codes[pid]
-        minor = self._readers[pid].pp.minor
-        gen_iframe = self._readers[pid].L["gen_iframe"]
+        reader = self._readers[pid]
+        gen_iframe = reader.L["gen_iframe"]
         names = {k.addr: k.name for k in snap.tasks}
         alive = set()
         for task in snap.tasks:
             alive.add(task.addr)
-            chain: List[PyFrameText] = []
-            raw: List[Tuple[str, str]] = []
-            for code, offset in task.frames:
-                info = codes.code(code)
-                if info is None:
-                    chain.append(("?", "?", -1))
-                    raw.append(("?", "?"))
-                else:
-                    chain.append((info.name, info.filename, info.line_for(minor, offset)))
-                    raw.append((info.name, info.filename))
+            chain: List[PyFrameText] = reader.named_frames(task.frames)
             key = (pid, task.addr)
             info = t.tasks.get(key)
             if info is None or info.name != task.name or info.coro != task.coro:
@@ -217,7 +199,7 @@ class TaskSampler:
                 t.by_frame[(pid, task.coro + gen_iframe)] = task.addr
             if task.state == A.RUNNING or weight <= 0:
                 continue                            # BPF measures it
-            kind = A.await_kind(raw, task, names)
+            kind = A.await_kind(chain, task, names)
             wkey = (pid, task.tid, task.addr, info, tuple(chain), kind)
             slot = t.waits.get(wkey)
             if slot is None:
@@ -225,7 +207,6 @@ class TaskSampler:
             slot[0] += 1
             slot[1] += weight
         t.alive[pid] = alive
-        t.most_tasks = max(t.most_tasks, len(snap.tasks))
         if any(not task.tid for task in snap.tasks):
             self._say(pid, "--async: the thread of a loop is not known (its run_forever is not "
                            "Python code: uvloop?); its suspended tasks are shown under the main "

@@ -7,21 +7,8 @@ from __future__ import annotations
 from typing import Dict, List
 
 from ..cpython import asyncio_tasks as A
-from ..cpython.code import CodeReader
 from ..profile.model import PathShortener
 from ..targets.procfs import comm
-
-
-def _frames(reader: CodeReader, minor, frames, short) -> List[dict]:
-    out = []
-    for code, offset in frames:
-        info = reader.code(code)
-        if info is None:
-            out.append({"function": "?", "file": "?", "line": -1})
-            continue
-        out.append({"function": info.name, "file": short(info.filename),
-                    "line": info.line_for(minor, offset)})
-    return out
 
 
 def task_graph(snap: A.Snapshot) -> Dict[int, List[int]]:
@@ -46,22 +33,18 @@ def dump_tasks(pid: int, full_paths: bool = False) -> dict:
     reader = A.TaskReader(pp)
     try:
         snap = reader.snapshot()
-        codes = CodeReader(reader.mem, pp.minor, pp.offsets, pp.code_type)
         short = (lambda f: f) if full_paths else PathShortener()
         names = {t.addr: t.name for t in snap.tasks}
         awaits = task_graph(snap)
         tasks = []
         for t in snap.tasks:
-            frames = _frames(codes, pp.minor, t.frames, short)
-            raw_names = []
-            for code, _ in t.frames:
-                info = codes.code(code)
-                raw_names.append((info.name, info.filename) if info else ("?", "?"))
+            named = reader.named_frames(t.frames)
             tasks.append({
                 "task": "%#x" % t.addr, "name": t.name, "thread": t.tid or None,
-                "state": t.state, "awaits": A.await_kind(raw_names, t, names),
+                "state": t.state, "awaits": A.await_kind(named, t, names),
                 "awaits_tasks": ["%#x" % a for a in awaits[t.addr]],
-                "frames": frames,
+                "frames": [{"function": n, "file": short(f), "line": ln}
+                           for n, f, ln in named],
             })
         cycles = [["%#x" % a for a in c] for c in A.find_cycles(awaits)]
         return {"pid": pid, "name": comm(pid), "python": pp.version_str,

@@ -32,6 +32,7 @@ from ..native.elffile import _Headers, open_regular_file
 from ..targets.memory import MemoryError_, ProcessMemory
 from . import walker
 from .asyncio_table import LAYOUTS
+from .code import CodeReader
 from .detect import PythonProcess, iter_thread_states, proc_path
 
 MAX_TASKS = 100_000              # tasks read per snapshot at most
@@ -164,6 +165,8 @@ class TaskReader:
         o = self.o
         self._frame_head = 8 + max(o["iframe_code"], o["iframe_instr"],
                                    self.L["iframe_stackpointer"], self.L["iframe_stacktop"])
+        # the code objects (and str) of this process, read once
+        self.codes = CodeReader(self.mem, minor, self.o, pp.code_type)
         self._weakset: int = 0          # 3.11-3.13: the set object of the WeakSet
         self._weakref_type: int = 0
         self._names: Dict[Tuple[int, int, int], str] = {}
@@ -191,8 +194,17 @@ class TaskReader:
         raise MemoryError_("unreadable string at %#x" % addr)
 
     def read_str(self, addr: int) -> str:
-        from .code import CodeReader
-        return CodeReader(self.mem, self.pp.minor, self.o).read_str(addr)
+        return self.codes.read_str(addr)
+
+    def named_frames(self, frames: List[Tuple[int, int]]) -> List[Tuple[str, str, int]]:
+        """(qualified name, file, line) of an await chain's (code, offset)
+        frames; ("?", "?", -1) for a code object that cannot be read."""
+        out = []
+        for code, offset in frames:
+            info = self.codes.code(code)
+            out.append((info.name, info.filename, info.line_for(self.pp.minor, offset))
+                       if info is not None else ("?", "?", -1))
+        return out
 
     def task_name(self, addr: int) -> str:
         """A task's name: a str, or (3.13+, not yet asked for) the int N of
@@ -228,11 +240,12 @@ class TaskReader:
 
     # -- where the tasks are ---------------------------------------------------------
     def _llist(self, head: int, budget: int) -> Iterator[int]:
+        """The tasks on the list at head (3.14+: linked by their task_node)."""
         node = self.mem.u64(head)
         seen = set()
         while node and node != head and node not in seen and len(seen) < budget:
             seen.add(node)
-            yield node - self.L["task_node"] if self.dbg is None else node - self.dbg["task_node"]
+            yield node - self.dbg["task_node"]
             node = self.mem.u64(node)
 
     def _tasks_314(self, snap: Snapshot) -> List[Tuple[int, int]]:
@@ -241,7 +254,7 @@ class TaskReader:
         interps = set()
         for interp, ts in iter_thread_states(self.pp, m, walker.MAX_THREADS,
                                              walker.MAX_INTERPRETERS):
-            tid = self._tid(ts)
+            tid = walker.thread_id(m, self.pp, ts)
             loop = m.u64(ts + d["tstate_running_loop"])
             if loop and tid:
                 snap.loops[loop] = tid
@@ -255,13 +268,6 @@ class TaskReader:
                 for t in self._llist(interp + d["interp_tasks_head"], MAX_TASKS - len(out)):
                     out.append((t, 0))
         return out
-
-    def _tid(self, ts: int) -> int:
-        o = self.o
-        if o["tstate_native_thread_id"] >= 0:
-            return self.mem.i64(ts + o["tstate_native_thread_id"])
-        pthread = self.mem.u64(ts + o["tstate_thread_id"])
-        return self.mem.i32(pthread + self.pp.thread_layout.tid) if pthread else 0
 
     def _dict_get(self, d: int, key: str) -> int:
         """The value under str `key` in the dict at d (a combined table), 0: none."""
@@ -326,16 +332,11 @@ class TaskReader:
         if not self._weakset:
             self._weakset = self._find_weakset()
         s = self._weakset
-        mask = m.i64(s + L["set_mask"])
-        if not 0 <= mask < MAX_SET:
-            raise AsyncioUnavailable("implausible task set (mask %d)" % mask)
-        table = m.u64(s + L["set_table"])
-        raw = m.read(table, (mask + 1) * 16)
+        refs = self._set_keys(s, MAX_SET)
+        if refs is None:
+            raise AsyncioUnavailable("implausible task set")
         out = []
-        for i in range(mask + 1):
-            ref = struct.unpack_from("<Q", raw, 16 * i)[0]
-            if not ref:
-                continue
+        for ref in refs:
             try:
                 head = m.read(ref, max(self.o["object_type"], L["weakref_object"]) + 8)
                 tp = struct.unpack_from("<Q", head, self.o["object_type"])[0]
@@ -391,17 +392,18 @@ class TaskReader:
             return []
         if not raw[d["task_awaited_by_is_set"]]:
             return [ab]
+        return [k for k in self._set_keys(ab, 1 << 16) or () if self.type_name(k).endswith("Task")]
+
+    def _set_keys(self, s: int, max_slots: int) -> Optional[List[int]]:
+        """The non-NULL keys of the set object at s (deleted entries' dummy
+        included: callers check each key's type); None: a table of more
+        than max_slots slots, not believed."""
         m = self.mem
-        mask = m.i64(ab + 32)
-        if not 0 <= mask < 1 << 16:
-            return []
-        tab = m.read(m.u64(ab + 40), (mask + 1) * 16)
-        out = []
-        for i in range(mask + 1):
-            k = struct.unpack_from("<Q", tab, 16 * i)[0]
-            if k and self.type_name(k).endswith("Task"):
-                out.append(k)
-        return out
+        mask = m.i64(s + self.L["set_mask"])
+        if not 0 <= mask < max_slots:
+            return None
+        raw = m.read(m.u64(s + self.L["set_table"]), (mask + 1) * 16)
+        return [k for k in struct.unpack_from("<%dQ" % (2 * (mask + 1)), raw)[::2] if k]
 
     def _chain(self, t: Task, coro: int) -> int:
         """Fills t.frames from the task's coroutine inward; returns the state
@@ -467,11 +469,9 @@ class TaskReader:
     def loop_threads(self, snap: Snapshot) -> None:
         """3.11-3.13: which thread runs which loop, from the `self` of a
         run_forever / _run_once frame on each thread's stack."""
-        from .code import CodeReader
         if self.L["iframe_localsplus"] < 0:
             return
-        codes = CodeReader(self.mem, self.pp.minor, self.o, self.pp.code_type)
-        m, o = self.mem, self.o
+        codes, m, o = self.codes, self.mem, self.o
         for tid, ts in walker.thread_states(m, self.pp).items():
             f = walker._first_frame(m, o, self.pp.minor, ts)
             for _ in range(walker.MAX_DEPTH):
@@ -557,9 +557,9 @@ KINDS = {
 }
 
 
-def await_kind(names: List[Tuple[str, str]], task: Task, task_names: Dict[int, str]) -> str:
+def await_kind(names: List[Tuple[str, str, int]], task: Task, task_names: Dict[int, str]) -> str:
     """What a task is suspended on: `names` are its await chain's frames as
-    (qualified name, file), outermost first.  A task awaited directly is named;
+    (qualified name, file, line), outermost first (TaskReader.named_frames).  A task awaited directly is named;
     otherwise the innermost frame of asyncio's own library that KINDS knows."""
     if task.state == READY:
         return "ready"
@@ -569,7 +569,7 @@ def await_kind(names: List[Tuple[str, str]], task: Task, task_names: Dict[int, s
         return "running"
     if task.waiter_is_task:
         return "task %s" % task_names.get(task.waiter, "?")
-    for name, filename in reversed(names):
+    for name, filename, _line in reversed(names):
         base = os.path.basename(filename)
         if "asyncio" not in filename:
             continue

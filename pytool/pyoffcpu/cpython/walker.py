@@ -54,16 +54,20 @@ def walk_frames(mem: ProcessMemory, pp: PythonProcess, tstate: int) -> Tuple[Fra
     return frames, bool(f)
 
 
+def thread_id(mem: ProcessMemory, pp: PythonProcess, ts: int) -> int:
+    """The OS thread id of the PyThreadState at ts (0: none yet)."""
+    o = pp.offsets
+    if o["tstate_native_thread_id"] >= 0:
+        return mem.i64(ts + o["tstate_native_thread_id"])
+    pthread = mem.u64(ts + o["tstate_thread_id"])
+    return mem.i32(pthread + pp.thread_layout.tid) if pthread else 0
+
+
 def thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, int]:
     """OS thread id -> PyThreadState address, for every thread of every interpreter."""
-    o = pp.offsets
     out: Dict[int, int] = {}
     for _, ts in iter_thread_states(pp, mem, MAX_THREADS, MAX_INTERPRETERS):
-        if o["tstate_native_thread_id"] >= 0:
-            tid = mem.i64(ts + o["tstate_native_thread_id"])
-        else:
-            pthread = mem.u64(ts + o["tstate_thread_id"])
-            tid = mem.i32(pthread + pp.thread_layout.tid) if pthread else 0
+        tid = thread_id(mem, pp, ts)
         if tid > 0:
             out[tid] = ts
     return out

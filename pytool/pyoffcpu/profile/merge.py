@@ -469,12 +469,14 @@ def _add_task_waits(prof: P.Profile, rec: Recording) -> None:
         if not label.startswith("task "):
             continue
         lifetime[(pid, label)] = lifetime.get((pid, label), 0) + info.last_ns - info.first_ns
-    running: Dict[Tuple[int, str], int] = {}
+    running: Dict[Tuple[int, str], int] = {}         # the loop threads' time in each root
+    root_tid: Dict[Tuple[int, str], int] = {}        # ... and a thread it ran on
     for key, ns in prof.weights.items():
-        if key.frames and key.frames[0].kind is P.FrameKind.MARKER \
-                and key.frames[0].name.startswith(P.TASK_PREFIXES):
-            k = (key.pid, key.frames[0].name)
+        root = P.task_root(key.frames)
+        if root is not None:
+            k = (key.pid, root)
             running[k] = running.get(k, 0) + ns
+            root_tid.setdefault(k, key.tid)
     sampled: Dict[Tuple[int, str], int] = {}
     rows = []
     for (pid, tid, addr, info, chain, kind), (count, ns) in times.waits.items():
@@ -492,23 +494,14 @@ def _add_task_waits(prof: P.Profile, rec: Recording) -> None:
         prof.add(P.StackKey(pid, tid or pid, frames, reason), round(ns * scale[(pid, label)]), count)
     # A task no snapshot saw suspended (a CPU-bound one that yields for
     # moments) still was not running for the rest of its lifetime: that
-    # time is [suspended], its state not seen.
-    loop_tid = {(pid, times.label_of(pid, addr, info)): tid
-                for (pid, tid, addr, info, _c, _k) in times.waits}
+    # time is [suspended], its state not seen, under the thread it ran on.
     for (pid, label), life in lifetime.items():
-        if (pid, label) in sampled:
+        if (pid, label) in sampled or (pid, label) not in running:
             continue
-        rest = life - running.get((pid, label), 0)
-        if rest > 0 and (pid, label) in running:
-            tid = loop_tid.get((pid, label)) or _running_tid(prof, pid, label)
-            prof.add(P.StackKey(pid, tid, (P.task_marker(label),), "suspended"), rest, 0)
-
-
-def _running_tid(prof: P.Profile, pid: int, label: str) -> int:
-    for key in prof.weights:
-        if key.pid == pid and key.frames and key.frames[0].name == label:
-            return key.tid
-    return pid
+        rest = life - running[(pid, label)]
+        if rest > 0:
+            prof.add(P.StackKey(pid, root_tid[(pid, label)], (P.task_marker(label),), "suspended"),
+                     rest, 0)
 
 
 def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Profile, MergeStats]:

@@ -123,6 +123,13 @@ def task_marker(label: str) -> Frame:
     return Frame(FrameKind.MARKER, label)
 
 
+def task_root(frames: Tuple[Frame, ...]) -> Optional[str]:
+    """The task root a stack is under (task_marker's label), None: none."""
+    if frames and frames[0].kind is FrameKind.MARKER and frames[0].name.startswith(TASK_PREFIXES):
+        return frames[0].name
+    return None
+
+
 @dataclass(frozen=True)
 class StackKey:
     pid: int

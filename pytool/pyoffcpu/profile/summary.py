@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from typing import Dict, List, Optional, Tuple
 
-from .model import TASK_PREFIXES, Frame, FrameKind, PathShortener, Profile, is_task_wait
+from .model import Frame, FrameKind, PathShortener, Profile, is_task_wait, task_root
 
 
 def fmt_s(ns: int) -> str:
@@ -288,11 +288,11 @@ def task_table(prof: Profile) -> List[Tuple[int, str, Dict[str, int]]]:
     `await: KIND` and `ready` (sampled)."""
     acc: Dict[Tuple[int, str], Dict[str, int]] = {}
     for key, ns in prof.weights.items():
-        if not key.frames or key.frames[0].kind is not FrameKind.MARKER \
-                or not key.frames[0].name.startswith(TASK_PREFIXES):
+        root = task_root(key.frames)
+        if root is None:
             continue
         state = key.off_cpu if is_task_wait(key.off_cpu) else "running"
-        a = acc.setdefault((key.pid, key.frames[0].name), {})
+        a = acc.setdefault((key.pid, root), {})
         a[state] = a.get(state, 0) + ns
     rows = [(pid, label, by) for (pid, label), by in acc.items()]
     rows.sort(key=lambda r: -sum(r[2].values()))
