@@ -259,8 +259,11 @@ EXEC_LINES = {
     "spin": {source_line("execs.py", "# SPIN"), source_line("execs.py", "while time.thread_time() < end")},
     "before_exec": {source_line("execs.py", "    spin(seconds)")},
     "after_exec": {source_line("execs.py", "    spin(seconds)") + 4},
-    # ... and the exec itself (a sample can land in execve, before the new image)
+    # ... and the exec itself (a sample can land in execve, before the new image),
+    # and the start's time.sleep($EXECS_SLEEP), which sleeps even at 0 (a switch
+    # out of clock_nanosleep can be caught there)
     "<module>": {source_line("execs.py", "after_exec(float("), source_line("execs.py", "before_exec(float("),
+                 source_line("execs.py", "time.sleep(float(os.environ"),
                  source_line("execs.py", "sys.stdout.flush()"), source_line("execs.py", "os.execv(")},
 }
 
