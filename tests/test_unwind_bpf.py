@@ -239,3 +239,32 @@ def test_threads_blocked_since_before_the_start_get_native_stacks(label, tmp_pat
             assert seq[0] in roots and in_order(seq, want), seq
             # the native wait is at the leaf end, under the Python frames
             assert k.frames[-2].kind is FrameKind.NATIVE, seq
+
+
+def test_native_walk_deeper_than_the_limit_keeps_its_innermost_frames(bpf):
+    """40 levels of Python recursion through sorted() (over 200 native
+    frames): every sample and every switch-out walks the full MAX_NATIVE_DEPTH
+    of innermost frames, then stops, marked truncated.  A tail-call chain the
+    kernel cut short (33 calls at most) would stop earlier, at a multiple of
+    the frames one program run takes."""
+    from pyoffcpu.collect import bpfdefs, platform as plat
+    from pyoffcpu.collect.recording import Options
+    from pyoffcpu.collect.session import Session
+    python = python_or_skip("pyenv-3.11")
+    w = Workload(python, "deep_native.py", 60)
+    try:
+        rec = Session(Options(pids=[w.pid], duration=3, mode="wall"), plat.probe()).run()
+    finally:
+        w.stop()
+    depth = bpfdefs.MAX_NATIVE_DEPTH
+    seen = {"on": 0, "off": 0}
+    for (tgid, tid, us, ks, ph, kind), (count, ns) in rec.stacks.items():
+        if tid != w.pid or us not in rec.native_flags:
+            continue
+        py = rec.pystacks.get(ph)
+        if py is None or len(py.frames) < 80:
+            continue                    # not in the recursion (the start, the end)
+        pcs, flags = rec.ustacks[us], rec.native_flags[us]
+        assert len(pcs) == depth and flags & bpfdefs.NST_TRUNCATED, (len(pcs), flags, kind)
+        seen["on" if bpfdefs.on_cpu(kind) else "off"] += count
+    assert seen["on"] > 20 and seen["off"] > 20, seen
