@@ -15,10 +15,7 @@ from ..collect import platform as plat
 from ..collect.platform import ProfilerError
 from ..terminal import echo
 from ..collect.session import Session
-from ..export import write_profile_or_fallback
 from ..native import symbols
-from ..profile.merge import build_profile
-from ..profile.summary import render_summary
 
 
 def status_line(rec, elapsed: float):
@@ -56,6 +53,11 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
     for notice in rec.notices:
         echo(f"pyoffcpu: notice: {notice}", err=True)
 
+    # imported once the recording is done: they are not needed before, and a
+    # start that waits for them starts later (docs/overhead.md)
+    from ..export import write_profile_or_fallback
+    from ..profile.merge import build_profile
+    from ..profile.summary import render_summary
     ksyms = symbols.KernelSymbols.load() if opts.kernel else None
     prof, stats = build_profile(rec, symbols.Symbolizer(), ksyms)
     if only_reasons is not None:
