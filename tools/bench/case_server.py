@@ -15,6 +15,7 @@ from common import (Proc, Profiler, Results, SETTLE_S, THREADSERVER, Tools, bpfs
 
 # -- case 10: throughput of a thread-per-request server under each profiler ---------------------------
 SERVER_LOSS_MAX = 0.03          # issue 10: pyoffcpu --mode wall costs the server at most 3% of its requests/s
+PER_REQUEST_US_MAX = 25.0       # issue 28: profiler CPU (BPF + its own) per request under --mode wall
 SERVER_WARMUP_S = 2.0           # the client's load settles before a profiler comes or the window starts
 SERVER_PROFILERS = ("pyoffcpu --mode wall", "pyoffcpu --mode cpu -F 99", "py-spy record --idle -r 100")
 ALONE = "alone"
@@ -60,6 +61,8 @@ def server_measure(tools: Tools, prof: Optional[Profiler], seconds: float, clien
             m["profiler_cpu_s"] = cpu1 - cpu0
         m["window_s"] = s1["t"] - s0["t"]
         m["served"] = s1["served"] - s0["served"]
+        if "switches" in s1:
+            m["switches"] = s1["switches"] - s0["switches"]
         m["rate"] = m["served"] / max(1e-6, m["window_s"])
         if prof:
             t_sig = time.monotonic()
@@ -152,6 +155,23 @@ def server_summary(d: dict) -> List[dict]:
     return rows
 
 
+def per_request(m: dict) -> Optional[dict]:
+    """A stats run's profiler CPU per request, in µs: its BPF programs' run
+    time, its own process's CPU, their sum; and the server's context switches
+    per request (each one a switch-out and a switch-in its programs see)."""
+    n = m.get("served")
+    if not n or "progs" not in m or m.get("profiler_cpu_s") is None:
+        return None
+    bpf_ns = sum(ns for _, ns in m["progs"].values())
+    own_us = m["profiler_cpu_s"] * 1e6 / n
+    return {"bpf_us": bpf_ns / 1e3 / n, "own_us": own_us, "total_us": bpf_ns / 1e3 / n + own_us,
+            "switches": m["switches"] / n if m.get("switches") is not None else None}
+
+
+def per_request_rows(d: dict) -> List[dict]:
+    return [dict(per_request(m), label=m["profiler"]) for m in d.get("stats", []) if per_request(m)]
+
+
 def render_server(d: dict) -> List[str]:
     out = [f"## Thread-per-request server throughput (case 10): {d['rounds']} rounds x {d['seconds']:g} s "
            "per configuration\n"]
@@ -198,5 +218,18 @@ def render_server(d: dict) -> List[str]:
                    "kernel.bpf_stats_enabled=1 (restored after):\n")
         out.append(markdown_table(["profiler", "program", "runs", "runs/s", "average ns", "CPU (share of one core)",
                                    "requests/s in that run"], rows, "llrrrrr"))
+        out.append("")
+        rows = [[r["label"], fmt_num(r["bpf_us"], 1), fmt_num(r["own_us"], 1), fmt_num(r["total_us"], 1),
+                 fmt_num(r["switches"], 1) if r["switches"] is not None else "—",
+                 f"<= {PER_REQUEST_US_MAX:g}" if r["label"] == "pyoffcpu --mode wall" else "—",
+                 verdict(r["total_us"], PER_REQUEST_US_MAX) if r["label"] == "pyoffcpu --mode wall" else "—"]
+                for r in per_request_rows(d)]
+        out.append("Profiler CPU per request, from the same runs: its BPF programs' run time plus its own "
+                   "process's user+system time over the window, divided by the requests answered in it "
+                   "(stable on a noisy machine, where requests/s are not); the server's context switches "
+                   "per request (getrusage of the server: every thread's, the ended ones' too), each a "
+                   "switch-out and a switch-in the programs see:\n")
+        out.append(markdown_table(["profiler", "BPF µs/request", "own µs/request", "total µs/request",
+                                   "server switches/request", "target", ""], rows, "lrrrrrl"))
         out.append("")
     return out

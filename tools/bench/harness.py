@@ -274,10 +274,8 @@ def prog_label(name: str) -> str:
         return "sched_switch (raw tracepoint)"
     if name == "on_cpu_sample":
         return "on_cpu_sample (perf_event)"
-    if name == "sched_process_f":
-        return "sched_process_fork (raw tracepoint)"
-    if name == "sched_process_e":
-        return "sched_process_exec (raw tracepoint)"
+    if name.startswith("sched_proc_"):
+        return f"sched_process_{name[len('sched_proc_'):]} (raw tracepoint)"
     return name
 
 

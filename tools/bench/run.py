@@ -97,7 +97,7 @@ from case_dump import DUMP_THREADS, dump_case, render_dump
 from case_exporters import exporters_case
 from case_longrun import LONGRUN_GROWTH_MIB, longrun_case, render_longrun
 from case_multi import multi_case, render_multi
-from case_server import render_server, server_case, server_summary
+from case_server import PER_REQUEST_US_MAX, per_request_rows, render_server, server_case, server_summary
 from case_slowdown import calibrate, pingpong_kind, slowdown_case
 from case_startup import STARTUP_RSS_MIB, STARTUP_TARGETS, TEARDOWN_S, render_startup, startup_case
 from case_unwind import render_unwind, unwind_case
@@ -192,6 +192,11 @@ def targets_summary(res: Results) -> List[List[str]]:
             if r["target"]:
                 rows.append([f"case 10: {r['label']}, loss of a thread-per-request server's requests/s",
                              f"<= {100 * r['target']:g}%", fmt_pct(r["loss"]), verdict(r["loss"], r["target"])])
+        for r in per_request_rows(res.server):
+            if r["label"] == "pyoffcpu --mode wall":
+                rows.append(["case 10: pyoffcpu --mode wall, profiler CPU per request of a thread-per-request "
+                             "server, BPF + own (µs)", f"<= {PER_REQUEST_US_MAX:g}", fmt_num(r["total_us"], 1),
+                             verdict(r["total_us"], PER_REQUEST_US_MAX)])
     if res.allprocs:
         d = res.allprocs
         rec = d.get("recording")

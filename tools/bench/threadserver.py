@@ -5,7 +5,8 @@
         request is a new connection (HTTP/1.0, no keep-alive) and a new thread.
         Prints `ready PORT`, then reads commands, one a line, from stdin:
             stats   prints `stats JSON` (served: requests answered so far,
-                    t: seconds since the server started)
+                    t: seconds since the server started, switches: its
+                    threads' context switches so far, the ended ones' too)
             exit    (or end of stdin) stops serving and leaves
 
     python threadserver.py client PORT [--rate R] [--seconds S] [--threads T]
@@ -23,6 +24,7 @@ Plain CPython 3.7+, nothing imported beyond the standard library.
 import argparse
 import itertools
 import json
+import resource
 import signal
 import socket
 import struct
@@ -69,7 +71,9 @@ def serve():
         for line in sys.stdin:
             cmd = line.strip()
             if cmd == "stats":
-                print("stats " + json.dumps({"served": Handler.last[0], "t": round(time.monotonic() - t0, 3)}),
+                ru = resource.getrusage(resource.RUSAGE_SELF)    # every thread's, the ended ones' too
+                print("stats " + json.dumps({"served": Handler.last[0], "t": round(time.monotonic() - t0, 3),
+                                             "switches": ru.ru_nvcsw + ru.ru_nivcsw}),
                       flush=True)
             elif cmd == "exit":
                 break

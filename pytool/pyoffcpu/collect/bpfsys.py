@@ -139,10 +139,14 @@ def map_info(fd: int) -> Tuple[int, int, int, int, int, str]:
 
 
 def _kernel_name(func: str) -> str:
+    """The name the kernel keeps (15 characters): bcc's section prefix off,
+    and sched_process_ shortened so that exec and exit stay apart."""
     for p in _NAME_PREFIXES:
         if func.startswith(p):
             func = func[len(p):]
             break
+    if func.startswith("sched_process_"):
+        func = "sched_proc_" + func[len("sched_process_"):]
     return func[:15]
 
 
