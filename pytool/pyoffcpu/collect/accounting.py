@@ -24,6 +24,7 @@ from .recording import NO_STACK, UNSAMPLED, Recording, ThreadTimes, accumulate
 from ..targets.procfs import ns_id
 
 TH = bpfdefs.TH
+_NO_GIL = ~(3 << bpfdefs.GIL_SHIFT)     # a key's kind & this == KIND_ONCPU: on-CPU (bpfdefs.on_cpu)
 
 
 class ThreadAccounts:
@@ -46,9 +47,18 @@ class ThreadAccounts:
         self.filtered = [0, 0]          # waits left out here by length: [how many, ns]
 
     def add(self, key, count: int, ns: int):
-        if key not in self.rec.stacks and key[1] >= 0:
-            self.tid_keys.setdefault(key[1], []).append(key)
-        accumulate(self.rec.stacks, key, count, ns)
+        acc = self.rec.stacks.get(key)
+        if acc is not None:
+            acc[0] += count
+            acc[1] += ns
+            return
+        self.rec.stacks[key] = [count, ns]
+        if key[1] >= 0:
+            keys = self.tid_keys.get(key[1])
+            if keys is None:
+                self.tid_keys[key[1]] = [key]
+            else:
+                keys.append(key)
 
     def thread_times(self, tid: int, th) -> ThreadTimes:
         t = self.rec.threads.get(tid)
@@ -142,14 +152,16 @@ class ThreadAccounts:
         t = self.rec.threads.pop(tid)
         keys = self.tid_keys.pop(tid, ())
         stacks = self.rec.stacks
-        moved = [(key, stacks.pop(key)) for key in keys]
+        pop = stacks.pop
+        moved = [(key, pop(key)) for key in keys]
         # its entry: that of its heaviest Python stack that has one
         entry, best_ns = "", -1
-        for key, (_, ns) in moved:
-            if key[4] and ns > best_ns:
-                e = self.stack_entry(key[4])
+        stack_entry = self.stack_entry
+        for key, acc in moved:
+            if key[4] and acc[1] > best_ns:
+                e = stack_entry(key[4])
                 if e is not None:
-                    entry, best_ns = e, ns
+                    entry, best_ns = e, acc[1]
         gkey = (t.pid, entry or t.name)
         gid = self.groups.get(gkey)
         if gid is None:
@@ -167,8 +179,15 @@ class ThreadAccounts:
         g.samples += t.samples
         if g.threads == 1:
             g.first_tid = tid
-        for key, (count, ns) in moved:
-            accumulate(stacks, (key[0], gid) + key[2:], count, ns)
+        get = stacks.get
+        for key, acc in moved:
+            gkey = (key[0], gid) + key[2:]
+            g_acc = get(gkey)
+            if g_acc is None:
+                stacks[gkey] = acc          # popped above: nothing else holds it
+            else:
+                g_acc[0] += acc[0]
+                g_acc[1] += acc[1]
         # its waits' wakers go with them, under the same group
         wakes = self.rec.wakes
         for wait, waker in self.tid_wakes.pop(tid, ()):
@@ -182,7 +201,7 @@ class ThreadAccounts:
         Then an ended thread folds into its group."""
         t = self.rec.threads[tid]
         stacks = self.rec.stacks
-        on_keys = [k for k in self.tid_keys.get(tid, ()) if bpfdefs.on_cpu(k[5])]
+        on_keys = [k for k in self.tid_keys.get(tid, ()) if k[5] & _NO_GIL == KIND_ONCPU]
         t.samples = sum([stacks[k][0] for k in on_keys])
         if self.opts.mode == "wall":
             self.scale_on_cpu(t, on_keys)

@@ -321,8 +321,14 @@ class Session:
         pystacks, stacks = self.rec.pystacks, self.rec.stacks
         if self.opts.system_wide:
             self._sampled = {it[0] for it in items}
+        native_ids, ustacks, kstacks = self.native_ids, self.rec.ustacks, self.rec.kstacks
+        add = self.accounts.add
         for tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns in items:
-            uid = self._ustack_id(ustack, nstack)
+            # the stack's id, as _ustack_id gives it, without a call for the
+            # common case: a native stack seen before
+            uid = native_ids.get(nstack) if nstack else ustack
+            if uid is None:
+                uid = self._ustack_id(ustack, nstack)
             key = (tgid, tid, uid, kstack, pystack, kind)
             acc = stacks.get(key)
             if acc is not None:
@@ -330,14 +336,15 @@ class Session:
                 acc[0] += count
                 acc[1] += ns
                 continue
-            self._fetch_stack_ids(uid, kstack)
+            if (uid >= 0 and uid not in ustacks) or (kstack >= 0 and kstack not in kstacks):
+                self._fetch_stack_ids(uid, kstack)
             if uid not in self._ustack_pid:
                 self._ustack_pid[uid] = tgid
                 self._new_ustacks.append(uid)
             if pystack and pystack not in pystacks:
                 self._hold(key, count, ns)
             else:
-                self.accounts.add(key, count, ns)
+                add(key, count, ns)
         self._retry_unresolved(final)
         self.blocked.walk_captured(final)
         self._prefetch_symbols()
