@@ -144,6 +144,54 @@ struct control_t {
     unsigned int pad;
     unsigned long long min_block_ns;    /* --min-block-us: shorter waits are left out */
     unsigned long long max_block_ns;    /* --max-block-us (0: none): longer ones too */
+    unsigned int fold;              /* FOLD_*: ended threads folded here (fold_exit) */
+    unsigned int pad2;
+};
+
+/* Threads born during the recording that end in it, folded in the kernel
+ * at their last switch (fold_exit), into one group per process, entry stack
+ * and name; user space reads groups, not threads (it folds the same way the
+ * threads the kernel does not: see pytool/pyoffcpu/collect/accounting.py).
+ * Until it ends, a thread's keys in agg carry gen GEN_HELD (the drains leave
+ * them) and are listed in its held_keys entry, MAX_HELD at most: one more
+ * and it is left to user space, as is one whose times are too long for the
+ * kernel's 64-bit scaling (FOLD_SCALE_MAX). */
+#define FOLD_WALL       1           /* fold, on-CPU keys scaled to the exact on-CPU time */
+#define FOLD_OFFCPU     2           /* fold, --mode off: no on-CPU time */
+#define FOLD_SHADOW     4           /* tests: the threads are also left to user space */
+#define FOLD_MODE_MASK  3
+#define GEN_HELD        2           /* stack_key.gen of a key its live thread holds */
+#define MAX_HELD        32          /* power of two */
+#define GROUP_TID       0x80000000U /* stack_key.tid of a group's key: | its id */
+#define FOLD_SCALE_MAX  (1ULL << 32)
+#define USTACK_UNSAMPLED (-1000)    /* stack_key.ustack: on-CPU time no sample landed in */
+#define USTACK_NO_STACK  (-1001)    /* ... time whose stack is not known */
+#define STACK_ENTRY     1           /* stack_class: the stack names an entry function */
+#define STACK_NO_ENTRY  2           /* ... it does not (threading's frames only) */
+struct held_t {
+    unsigned int n;                 /* keys listed */
+    unsigned int overflow;          /* a key did not fit: user space folds this thread */
+    struct stack_key keys[MAX_HELD];    /* in the order they were made */
+};
+/* A group: a process, the Python stack its threads spent the most time in
+ * (0: none), their name. */
+struct group_id_key {
+    unsigned int tgid;
+    unsigned int pad;
+    unsigned long long pystack;
+    unsigned long long comm0, comm1;
+};
+/* A group's folded threads, per drain generation and CPU (one writer each). */
+struct group_key {
+    unsigned int id, gen, cpu, pad;
+};
+struct group_t {
+    unsigned long long threads;
+    unsigned long long on_ns;       /* their exact on-CPU time (FOLD_WALL) */
+    unsigned long long samples;     /* their on-CPU samples */
+    unsigned long long first_ts;    /* the earliest first switch of one of them */
+    unsigned long long last_ts;     /* the latest last switch */
+    unsigned long long first_tid;   /* the thread of first_ts */
 };
 
 /* Per thread of a target: its exact on-CPU time, from its switch-in and
@@ -155,6 +203,8 @@ struct control_t {
 #define TH_OFF        8             /* off the CPU since ts (switched out in the window) */
 #define TH_FIRST_IN   16            /* its first event in the window was a switch-in */
 #define TH_FIRST_OUT  32            /* ... a switch-out: it was running at the start */
+#define TH_HELD       64            /* its keys are held for the kernel's fold (held_keys) */
+#define TH_KFOLDED    128           /* FOLD_SHADOW: the kernel folded it too */
 struct thread_t {
     unsigned int tgid;
     unsigned int flags;

@@ -45,6 +45,12 @@ class ThreadAccounts:
         # threads there at the start, blocked (preexisting.py fills it)
         self.initial: Dict[int, Tuple[int, int, int, int]] = {}
         self.filtered = [0, 0]          # waits left out here by length: [how many, ns]
+        # the kernel's fold (bpf: fold_exit): control.fold, and its group ids
+        # -> (process, entry stack, name), then -> the group's id here
+        self.kernel_fold = 0
+        self._kernel_ids: Dict[int, Tuple[int, int, str]] = {}
+        self._kernel_gids: Dict[int, int] = {}
+        self.kernel_folded: set = set()     # FOLD_SHADOW: threads the kernel folded too
 
     def add(self, key, count: int, ns: int):
         acc = self.rec.stacks.get(key)
@@ -162,14 +168,8 @@ class ThreadAccounts:
                 e = stack_entry(key[4])
                 if e is not None:
                     entry, best_ns = e, acc[1]
-        gkey = (t.pid, entry or t.name)
-        gid = self.groups.get(gkey)
-        if gid is None:
-            gid = self.groups[gkey] = -(len(self.groups) + 1)
-            self.rec.threads[gid] = ThreadTimes(t.pid, gid, t.name, first_ns=t.first_ns,
-                                                last_ns=t.last_ns, exited=True, threads=0,
-                                                entry=entry)
-        g = self.rec.threads[gid]
+        gid = self.group_id(t.pid, entry, t.name)
+        g = self.group_times(self.rec.threads, gid, t.pid, t.name, entry, t.first_ns, t.last_ns)
         g.threads += 1
         g.on_ns += t.on_ns
         if t.first_ns < g.first_ns:
@@ -188,11 +188,79 @@ class ThreadAccounts:
             else:
                 g_acc[0] += acc[0]
                 g_acc[1] += acc[1]
+        if self.kernel_fold & bpfdefs.FOLD_SHADOW and tid not in self.kernel_folded:
+            # the kernel left it to user space: in its view too
+            k = self.group_times(self.rec.kernel_threads, gid, t.pid, t.name, entry, t.first_ns, t.last_ns)
+            if not k.threads or t.first_ns < k.first_ns:
+                k.first_tid = tid
+            k.threads += 1
+            k.on_ns += t.on_ns
+            k.samples += t.samples
+            k.first_ns = min(k.first_ns, t.first_ns)
+            k.last_ns = max(k.last_ns, t.last_ns)
+            for key, acc in moved:
+                accumulate(self.rec.kernel_stacks, (key[0], gid) + key[2:], acc[0], acc[1])
+        self.kernel_folded.discard(tid)
         # its waits' wakers go with them, under the same group
         wakes = self.rec.wakes
         for wait, waker in self.tid_wakes.pop(tid, ()):
             count, ns = wakes.pop((wait, waker))
             accumulate(wakes, ((wait[0], gid) + wait[2:], waker), count, ns)
+
+    def group_id(self, pid: int, entry: Optional[str], name: str) -> int:
+        """The id (< 0) of the group of a process's ended threads that
+        started in entry (None: by their name)."""
+        gkey = (pid, entry or name)
+        gid = self.groups.get(gkey)
+        if gid is None:
+            gid = self.groups[gkey] = -(len(self.groups) + 1)
+        return gid
+
+    @staticmethod
+    def group_times(table: Dict[int, ThreadTimes], gid: int, pid: int, name: str, entry: Optional[str],
+                    first_ns: int, last_ns: int) -> ThreadTimes:
+        g = table.get(gid)
+        if g is None:
+            g = table[gid] = ThreadTimes(pid, gid, name, first_ns=first_ns, last_ns=last_ns, exited=True,
+                                         threads=0, entry=entry or "")
+        return g
+
+    # -- the kernel's fold (bpf: fold_exit) ------------------------------------
+    def kernel_groups(self, entries):
+        """The kernel's group ids (group_ids map entries: key with tgid,
+        pystack and the name as two words, value the id) not seen yet."""
+        for k, v in entries:
+            gid = v.value
+            if gid not in self._kernel_ids:
+                name = (k.comm0.to_bytes(8, "little") + k.comm1.to_bytes(8, "little")).split(b"\0", 1)[0]
+                self._kernel_ids[gid] = (k.tgid, k.pystack, name.decode("utf-8", "replace"))
+
+    def kernel_gid(self, kid: int) -> int:
+        """The group here of the kernel's group kid: the same (process,
+        entry) as user space gives a thread whose heaviest Python stack is
+        the group's."""
+        gid = self._kernel_gids.get(kid)
+        if gid is None:
+            pid, pystack, name = self._kernel_ids[kid]
+            entry = self.stack_entry(pystack) if pystack else None
+            gid = self._kernel_gids[kid] = self.group_id(pid, entry, name)
+        return gid
+
+    def add_kernel_record(self, kid: int, r: Dict[str, int]):
+        """One group_t of the kernel's: its threads added to the group."""
+        gid = self.kernel_gid(kid)
+        pid, pystack, name = self._kernel_ids[kid]
+        table = self.rec.kernel_threads if self.kernel_fold & bpfdefs.FOLD_SHADOW else self.rec.threads
+        first, last = r["first_ts"] - self.start_ns, r["last_ts"] - self.start_ns
+        g = self.group_times(table, gid, pid, name, self.stack_entry(pystack) if pystack else None, first, last)
+        if not g.threads or first < g.first_ns:
+            g.first_tid = r["first_tid"]
+        g.threads += r["threads"]
+        self.rec.kernel_folded += r["threads"]
+        g.on_ns += r["on_ns"]
+        g.samples += r["samples"]
+        g.first_ns = min(g.first_ns, first)
+        g.last_ns = max(g.last_ns, last)
 
     def settle(self, tid: int):
         """A closed thread's final numbers: its raw sample count and its

@@ -80,6 +80,9 @@ def on_cpu(kind: int) -> bool:
 
 # Threads
 TH = with_prefix("TH_")
+# the kernel's fold of ended threads (control.fold, bpf: fold_exit)
+FOLD_WALL, FOLD_OFFCPU, FOLD_SHADOW = value("FOLD_WALL"), value("FOLD_OFFCPU"), value("FOLD_SHADOW")
+GROUP_TID = value("GROUP_TID")
 LIFE_EXEC, LIFE_FORK, LIFE_EXIT = value("LIFE_EXEC"), value("LIFE_FORK"), value("LIFE_EXIT")
 # waker_t.kind -> the word the profile keeps
 WAKER_KINDS = {value("WAKER_NONE"): "unknown", value("WAKER_TASK"): "task",

@@ -19,6 +19,8 @@ from .recording import Options
 
 AGG_KEY_FIELDS = ("tgid", "tid", "ustack", "kstack", "pystack", "kind", "gen", "nstack")
 AGG_VALUE_FIELDS = ("count", "ns")
+GROUP_KEY_FIELDS = ("id", "gen", "cpu", "pad")
+GROUP_VALUE_FIELDS = ("threads", "on_ns", "samples", "first_ts", "last_ts", "first_tid")
 WAKE_KEY_FIELDS = ("tgid", "tid", "ustack", "kstack", "pystack", "kind", "gen", "nstack",
                    "waker_kind", "waker_tgid", "waker_tid", "waker_ustack", "waker_kstack", "waker_pad",
                    "waker_pystack", "waker_nstack", "waker_comm0", "waker_comm1")

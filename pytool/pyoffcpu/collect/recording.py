@@ -17,8 +17,8 @@ from ..native import symbols
 from ..targets.processes import Select
 
 NATIVE_ID_BASE = 1 << 20            # rec.ustacks ids of .eh_frame-walked stacks (bcc's are smaller)
-UNSAMPLED = -1000                   # ustack id: on-CPU time no sample landed in
-NO_STACK = -1001                    # ustack id: a thread there at the start, stack unreadable
+UNSAMPLED = bpfdefs.value("USTACK_UNSAMPLED")  # ustack id: on-CPU time no sample landed in
+NO_STACK = bpfdefs.value("USTACK_NO_STACK")    # ustack id: time whose stack is not known
 LOST_PYTHON = "python stack lost"   # drop: the Python frames of a stack never reached user space
 
 
@@ -138,6 +138,11 @@ class Recording:
     wakes: Dict[Tuple[tuple, tuple], List[int]] = field(default_factory=dict)
     # waits left out by --min-block-us / --max-block-us: [how many, ns]
     block_filtered: List[int] = field(default_factory=lambda: [0, 0])
+    # PYOFFCPU_FOLD=shadow (tests): the kernel's folds of the threads user
+    # space folded too, kept apart (stacks and threads as above, groups only)
+    kernel_stacks: Dict[Tuple[int, int, int, int, int, int], List[int]] = field(default_factory=dict)
+    kernel_threads: Dict[int, ThreadTimes] = field(default_factory=dict)
+    kernel_folded: int = 0                  # threads the kernel folded (bpf: fold_exit)
 
     @property
     def thread_names(self) -> Dict[int, str]:

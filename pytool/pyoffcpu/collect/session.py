@@ -25,14 +25,15 @@ import ctypes
 import json
 import os
 import struct
+import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional
 
 from . import bpfdefs
 from .accounting import ThreadAccounts
-from .bpfdefs import BPF_DIR
+from .bpfdefs import BPF_DIR, GROUP_TID
 from .launch import Launcher
-from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, WAKE_KEY_FIELDS, bpf_source, delete_all, fdinfo, items,
+from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, WAKE_KEY_FIELDS, bpf_source, delete_all, fdinfo, items,
                    map_sizes, pystack_type, take_generation, walk_stack)
 from .platform import Platform, ProfilerError
 from .preexisting import BlockedThreads
@@ -89,6 +90,8 @@ class Session:
         self._ustack_pid: Dict[int, int] = {}        # user stack id -> the process it was seen in
         self._new_ustacks: List[int] = []
         self._tasks = None                           # --async: collect/tasks.py's sampler
+        self._fold_loader: Optional[threading.Thread] = None    # the fold program's verification
+        self._fold_fd: Optional[int] = None
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -142,6 +145,67 @@ class Session:
                 self.unwinder.close()
             self.targets = self.unwinder = None
 
+    def _fold_mode(self) -> int:
+        """control.fold: the kernel folds the threads born and ended in the
+        recording (bpf: fold_exit) unless --keep-tids, in cpu mode (no
+        switches: no thread's end) and with --wakers (a wait's wakers are
+        kept per thread).  PYOFFCPU_FOLD=0: user space folds them all;
+        PYOFFCPU_FOLD=shadow (tests): both, the kernel's kept apart."""
+        o = self.opts
+        env = os.environ.get("PYOFFCPU_FOLD", "1")
+        if env == "0" or not o.fold_threads or o.mode == "cpu" or self._wake_programs():
+            return 0
+        mode = bpfdefs.FOLD_WALL if o.mode == "wall" else bpfdefs.FOLD_OFFCPU
+        return mode | (bpfdefs.FOLD_SHADOW if env == "shadow" else 0)
+
+    def _start_fold(self):
+        """The fold program verified in the background, once recording (its
+        three loops take the verifier ~0.8 s here, longer than every other
+        program: the start does not wait for it); _fold_ready turns it on."""
+        if not self._fold_mode():
+            return
+        from .bpfsys import RAW_TRACEPOINT
+
+        def load():
+            try:
+                self._fold_fd = self.bpf.load_func(b"fold_exit", RAW_TRACEPOINT).fd
+            except Exception as e:      # noqa: BLE001 - user space folds them, as before
+                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                self.rec.notices.append(f"ended threads folded by pyoffcpu, not the kernel ({msg})")
+        self._fold_loader = threading.Thread(target=load, name="pyoffcpu-fold", daemon=True)
+        self._fold_loader.start()
+
+    def _fold_ready(self):
+        """In the recording loop, once the fold program is verified: into its
+        tail-call slot, the Python stacks read so far classified for it, then
+        control.fold on; from then on the threads born hold their keys for
+        it (those born before fold here, as with it off)."""
+        if self._fold_loader is None or self._fold_loader.is_alive():
+            return
+        self._fold_loader = None
+        if self._fold_fd is None:
+            return
+        self.bpf["fold_progs"][ctypes.c_int(0)] = ctypes.c_int(self._fold_fd)
+        table = self.bpf["stack_class"]
+        self._stack_class_key = table.Key
+        self._stack_class_values = (table.Leaf(bpfdefs.value("STACK_ENTRY")),
+                                    table.Leaf(bpfdefs.value("STACK_NO_ENTRY")))
+        mode = self._fold_mode()
+        self.accounts.kernel_fold = mode
+        for pyhash, st in list(self.rec.pystacks.items()):
+            if st.infos:
+                self._classify_stack(pyhash)
+        self._write_control(fold=mode)
+
+    def _classify_stack(self, pyhash: int):
+        """Whether a Python stack names an entry function, for the kernel's
+        fold to pick a thread's group as ThreadAccounts.fold does."""
+        cls = self._stack_class_values[self.accounts.stack_entry(pyhash) is None]
+        try:
+            self.bpf["stack_class"][self._stack_class_key(pyhash)] = cls
+        except Exception:               # noqa: BLE001 - full: those threads fold here
+            pass
+
     # --wakers: the interrupt-context tracepoints, exits first (see bpf: wake_irq_enter)
     WAKE_ATTACH = (("irq_handler_exit", "wake_irq_leave"), ("softirq_exit", "wake_irq_leave"),
                    ("hrtimer_expire_exit", "wake_timer_leave"),
@@ -170,6 +234,7 @@ class Session:
             raise ProfilerError(f"cannot attach BPF: {e}", "is this kernel built with perf events?")
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
                                                      lost_cb=self._on_lost)
+        self._start_fold()
         # The programs that finish each sample (and walk native stacks from
         # .eh_frame tables when NATIVE_UNWIND=1), called by tail call.
         try:
@@ -267,6 +332,8 @@ class Session:
             python = tgt.python
         self.rec.pystacks[raw.hash] = PyStack(raw.tgid, raw.flags, frames, infos, python,
                                               raw.task_frame)
+        if infos and self.accounts.kernel_fold:
+            self._classify_stack(raw.hash)
 
     def _on_lost(self, count):
         self.rec.drops["python stack events lost"] = self.rec.drops.get(
@@ -291,9 +358,17 @@ class Session:
             for k, (count, ns) in take_generation(self.bpf["wake_agg"], WAKE_KEY_FIELDS,
                                                    AGG_VALUE_FIELDS, final, old):
                 self._add_wake(dict(zip(WAKE_KEY_FIELDS, k)), count, ns)
-        return [(tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns)
-                for (tgid, tid, ustack, kstack, pystack, kind, _gen, nstack), (count, ns)
-                in take_generation(self.bpf["agg"], AGG_KEY_FIELDS, AGG_VALUE_FIELDS, final, old)]
+        taken = [(tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns)
+                 for (tgid, tid, ustack, kstack, pystack, kind, _gen, nstack), (count, ns)
+                 in take_generation(self.bpf["agg"], AGG_KEY_FIELDS, AGG_VALUE_FIELDS, final, old)]
+        if self.accounts.kernel_fold:
+            # the kernel's folds of the same generation, and the ids of their groups
+            records = take_generation(self.bpf["groups"], GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, final, old)
+            if records or any(it[1] & GROUP_TID for it in taken):
+                self.accounts.kernel_groups(items(self.bpf["group_ids"]))
+            for (gid, _gen, _cpu, _pad), value in records:
+                self.accounts.add_kernel_record(gid, dict(zip(GROUP_VALUE_FIELDS, value)))
+        return taken
 
     def _add_wake(self, w: Dict[str, int], count: int, ns: int):
         """One wake_agg entry into rec.wakes: the wait's key as in rec.stacks,
@@ -323,7 +398,15 @@ class Session:
             self._sampled = {it[0] for it in items}
         native_ids, ustacks, kstacks = self.native_ids, self.rec.ustacks, self.rec.kstacks
         add = self.accounts.add
+        group_of = self.accounts.kernel_gid
         for tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns in items:
+            if tid & GROUP_TID:         # a group the kernel folded: its id here (< 0)
+                tid = group_of(tid & ~GROUP_TID)
+                if self.accounts.kernel_fold & bpfdefs.FOLD_SHADOW:
+                    uid = self._ustack_id(ustack, nstack)
+                    self._fetch_stack_ids(uid, kstack)
+                    accumulate(self.rec.kernel_stacks, (tgid, tid, uid, kstack, pystack, kind), count, ns)
+                    continue
             # the stack's id, as _ustack_id gives it, without a call for the
             # common case: a native stack seen before
             uid = native_ids.get(nstack) if nstack else ustack
@@ -436,10 +519,17 @@ class Session:
         the map, which keeps memory bounded by live threads."""
         table = self.bpf["threads"]
         done = []
+        held, exited = TH["HELD"], TH["EXITED"]
         for k, th in items(table):
             tid = k.value
+            if th.flags & held:
+                # its keys are the kernel's until it ends: it folds there, or
+                # comes back without TH_HELD (or, not folded at all, at the end)
+                continue
             self.accounts.thread_times(tid, th)
-            if fold_before is not None and th.flags & TH["EXITED"] and th.last_ts < fold_before:
+            if th.flags & TH["KFOLDED"]:
+                self.accounts.kernel_folded.add(tid)
+            if fold_before is not None and th.flags & exited and th.last_ts < fold_before:
                 self.accounts.close_thread(tid, th)
                 self.accounts.settle(tid)
                 done.append(k)
@@ -453,6 +543,8 @@ class Session:
             if not self.opts.every_process and th.tgid not in self.targets:
                 continue
             self.accounts.thread_times(tid, th)
+            if th.flags & TH["KFOLDED"]:
+                self.accounts.kernel_folded.add(tid)
             self.accounts.close_thread(tid, th)
             t = self.rec.threads[tid]
             if t.last_ns <= t.first_ns and not self.accounts.tid_keys.get(tid):
@@ -573,6 +665,7 @@ class Session:
             deadline = start_mono + o.duration if o.duration else None
             while self.stop_reason is None:
                 self.bpf.perf_buffer_poll(timeout=50)
+                self._fold_ready()
                 now = time.monotonic()
                 if deadline and now >= deadline:
                     self.request_stop("duration")
@@ -603,6 +696,8 @@ class Session:
         o, rec = self.opts, self.rec
         self._end_ns = self.accounts.end_ns = time.monotonic_ns()
         self._write_control(end_ns=self._end_ns)
+        if self._fold_loader is not None:
+            self._fold_loader.join()    # a short recording: the program goes with the rest
         if self._tasks is not None:
             rec.tasks = self._tasks.stop(self._end_ns)
             rec.notices.extend(rec.tasks.notices)
