@@ -168,21 +168,37 @@ static __always_inline struct unwind_row *unwind_find_row(struct unwind_map *m, 
     return r;
 }
 
-/* Note a stack word the walk read, for the switch memo. */
-static __always_inline void memo_word(struct unwind_state *s, u64 addr, u64 val)
+/* Note a stack word the walk read, for the switch memo, with its class
+ * (MEMO_*, unwind_defs.h); returns its index. */
+static __always_inline u32 memo_word(struct unwind_state *s, u64 addr, u64 val, u8 cls)
 {
     u32 n = s->memo.nw;
     if (n >= MEMO_WORDS) {
         s->memo.ok = 0;
-        return;
+        return MEMO_SRC_CONST;
     }
     s->memo.addr[n & (MEMO_WORDS - 1)] = addr;
     s->memo.val[n & (MEMO_WORDS - 1)] = val;
+    s->memo.cls[n & (MEMO_WORDS - 1)] = cls;
     s->memo.nw = n + 1;
     if (addr < s->memo.lo)
         s->memo.lo = addr;
     if (addr + 8 > s->memo.hi)
         s->memo.hi = addr + 8;
+    return n;
+}
+
+/* The walk computes with bp (a CFA or an address from it): the word it
+ * came from is a stack address the memo must find moved with the stack. */
+static __always_inline void memo_bp_used(struct unwind_state *s)
+{
+    u32 src = s->bp_src;
+    if (src < MEMO_WORDS)
+        s->memo.cls[src & (MEMO_WORDS - 1)] = MEMO_PTR;
+    else if (src == MEMO_SRC_LEAF)
+        s->memo.leaf_bp_used = 1;
+    else
+        s->memo.ok = 0;             /* a constant: no moved stack gives it */
 }
 
 /* n (8 or 16) bytes of the stack at addr into out; 0 when they cannot be
@@ -326,16 +342,18 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
             cfa = sp + r->cfa_off;
         } else if (kind == UR_RBP) {
             cfa = bp + r->cfa_off;
+            memo_bp_used(s);
         } else if (kind == UR_PLT) {
             cfa = sp + r->cfa_off + ((lookup_pc & 15) >= (u64)r->rbp ? 8 : 0);
         } else if (kind == UR_DRAP) {
             /* the CFA was kept in the frame before rsp was realigned */
             u64 at = bp + r->cfa_off;
+            memo_bp_used(s);
             if (!stack_read(s, at, &cfa, 8)) {
                 s->st.flags |= NST_INCOMPLETE;
                 return 1;
             }
-            memo_word(s, at, cfa);
+            memo_word(s, at, cfa, MEMO_PTR);
         } else if (kind == UR_RBX && d == 0) {
             /* rbx is known in the leaf only (the sampled registers); deeper,
              * what a callee did with it is not followed */
@@ -365,6 +383,7 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
         method = METHOD_FP;
         cfa = bp + 16;
         rbp_at = -16;
+        memo_bp_used(s);
     }
     if (cfa <= sp && d > 0) {
         s->st.flags |= NST_INCOMPLETE;     /* no progress: a bad rule, or garbage */
@@ -379,24 +398,27 @@ static __always_inline int unwind_step(struct unwind_state *s, struct proc_unwin
         }
         bp = two[0];
         ra = two[1];
-        memo_word(s, cfa - 16, bp);
-        memo_word(s, cfa - 8, ra);
+        s->bp_src = memo_word(s, cfa - 16, bp, MEMO_FREE);
+        memo_word(s, cfa - 8, ra, MEMO_RA);
     } else {
         if (!stack_read(s, cfa - 8, &ra, 8)) {
             s->st.flags |= NST_INCOMPLETE;
             return 1;
         }
-        memo_word(s, cfa - 8, ra);
+        memo_word(s, cfa - 8, ra, MEMO_RA);
+        if (bp_rule == 2)
+            memo_bp_used(s);        /* the caller's rbp is the word at this one's */
         u64 bp_addr = bp_rule == 2 ? bp : cfa + rbp_at;
         if (rbp_at || bp_rule == 2) {
             if (!stack_read(s, bp_addr, &bp, 8)) {
                 bp = 0;
                 s->memo.ok = 0;     /* a failed read cannot be checked again */
             } else {
-                memo_word(s, bp_addr, bp);
+                s->bp_src = memo_word(s, bp_addr, bp, MEMO_FREE);
             }
         } else if (bp_rule == 1) {
             bp = 0;
+            s->bp_src = MEMO_SRC_CONST;
         }
     }
     if (ra == 0)
@@ -445,12 +467,17 @@ static __always_inline int unwind_prepare(u32 tgid, int slot)
     s->memo.bp = s->bp;
     s->memo.bx = s->bx;
     s->memo.uses_bx = 0;
+    s->memo.leaf_bp_used = 0;
     s->memo.tgid = tgid;
     s->memo.gen = pu->gen;
     s->memo.nw = 0;
     s->memo.ok = 1;
     s->memo.lo = ~0ULL;
     s->memo.hi = 0;
+    s->bp_src = MEMO_SRC_LEAF;
+    u64 fsbase = 0;
+    bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)(bpf_get_current_task() + TASK_FSBASE_OFF));
+    s->sp_off = (s64)(s->sp - fsbase);
     s->ready = 1;
     return 1;
 }
@@ -533,16 +560,23 @@ BPF_F_TABLE("hash", u32, struct switch_memo_t, switch_memo, 8192, BPF_F_NO_PREAL
 struct memo_buf_t { u8 b[MEMO_SPAN + 8]; };
 BPF_PERCPU_ARRAY(memo_buf, struct memo_buf_t, 1);
 
-/* Does the thread's last walk hold for the walk about to start (s: leaf
- * registers and the tables' gen set by unwind_prepare)?  Every word it read
- * is read again, in one read of the span they lie in. */
+/* Threads of one process whose walks start at the same pc at the same depth
+ * under their thread pointer: the last complete walk there, any thread's
+ * (unwind_defs.h, xmemo_key). */
+BPF_F_TABLE("lru_hash", struct xmemo_key, struct switch_memo_t, xmemo, 2048, 0);
+
+/* Does memo m hold for the walk about to start (s: leaf registers and the
+ * tables' gen set by unwind_prepare)?  With the stack moved by d = the new
+ * sp - m's: every word m's walk read is read again, d bytes away, in one
+ * read of the span they lie in, and must be what its class says. */
 static __always_inline struct switch_memo_t *memo_match(struct unwind_state *s,
                                                         struct switch_memo_t *m)
 {
     if (!m)
         return 0;
+    u64 d = s->memo.sp - m->sp;
     if (m->tgid != s->memo.tgid || m->gen != s->memo.gen || m->pc != s->memo.pc ||
-        m->sp != s->memo.sp || m->bp != s->memo.bp || (m->uses_bx && m->bx != s->memo.bx))
+        (m->leaf_bp_used && s->memo.bp - m->bp != d) || (m->uses_bx && s->memo.bx - m->bx != d))
         return 0;
     u32 nw = m->nw;
     if (nw == 0 || nw > MEMO_WORDS || m->hi <= m->lo)
@@ -554,11 +588,12 @@ static __always_inline struct switch_memo_t *memo_match(struct unwind_state *s,
     struct memo_buf_t *buf = memo_buf.lookup(&zero);
     if (!buf)
         return 0;
-    if (bpf_probe_read_user(buf->b, span, (void *)m->lo) != 0)
+    if (bpf_probe_read_user(buf->b, span, (void *)(m->lo + d)) != 0)
         return 0;
     /* Branch-free body (the verifier follows every jump of every iteration):
      * lo <= addr <= hi - 8 holds for every word by construction, the mask
-     * only keeps the verifier sure of it. */
+     * only keeps the verifier sure of it.  A word's expected value: its own
+     * (MEMO_RA), + d (MEMO_PTR); MEMO_FREE words are not compared. */
     u64 diff = 0;
 #pragma clang loop unroll(disable)
     for (int i = 0; i < MEMO_WORDS; i++) {
@@ -571,8 +606,11 @@ static __always_inline struct switch_memo_t *memo_match(struct unwind_state *s,
         asm volatile("" : "+r"(j));     /* keep the index: clang would make m->val[i] a
                                            pointer the verifier cannot bound */
         j &= MEMO_WORDS - 1;
+        u64 cls = m->cls[j];
         u64 off = (m->addr[j] - m->lo) & (MEMO_SPAN - 1);
-        diff |= *(u64 *)(buf->b + off) ^ m->val[j];
+        u64 want = m->val[j] + (d & -(u64)(cls == MEMO_PTR));
+        u64 keep = -(u64)(cls != MEMO_FREE);
+        diff |= (*(u64 *)(buf->b + off) ^ want) & keep;
     }
     if (diff)
         return 0;
@@ -590,11 +628,33 @@ static __always_inline void switch_recorded(struct unwind_state *s)
         count_drop(DROP_START_FULL);
 }
 
-/* A thread's memo stands for the walk about to start: its stack is the key's. */
-static __always_inline int memo_reused(struct unwind_state *s, struct switch_memo_t *m)
+/* Switch-outs by how their native stack was found (memo_stats):
+ * MEMO_HIT_THREAD the thread's own memo, MEMO_HIT_SHARED another walk of
+ * the process (xmemo), MEMO_WALKED walked; with MEMO_VERIFY (tests) every
+ * hit is walked all the same and compared: MEMO_CHECKED, MEMO_WRONG. */
+#ifndef MEMO_VERIFY
+#define MEMO_VERIFY 0
+#endif
+BPF_PERCPU_ARRAY(memo_stats, u64, MEMO_STATS);
+
+static __always_inline void memo_count(u32 which)
+{
+    u64 *n = memo_stats.lookup(&which);
+    if (n)
+        *n += 1;
+}
+
+/* A memo stands for the walk about to start: its stack is the key's
+ * (MEMO_VERIFY: the walk runs all the same, and is compared at its end). */
+static __always_inline int memo_reused(struct unwind_state *s, struct switch_memo_t *m, u32 which)
 {
     if (!m)
         return 0;
+    memo_count(which);
+    if (MEMO_VERIFY) {
+        s->verify = m->nstack;
+        return 0;
+    }
     s->key.nstack = m->nstack;
     s->ready = 0;
     return 1;
@@ -624,9 +684,27 @@ int memo_tp(void *ctx)
     if (!s)
         return 0;
     u32 tid = s->key.tid;
-    if (s->ready && !memo_reused(s, memo_match(s, switch_memo.lookup(&tid)))) {
-        unwind_tp_progs.call(ctx, 0);
-        s->ready = 0;               /* the tail call failed: no native stack */
+    s->verify = 0;
+    if (s->ready) {
+        /* the thread's own memo, then the process's; MEMO_VERIFY: the
+         * process's first, so that it is what the checks try */
+        struct xmemo_key xk = {};
+        xk.tgid = s->memo.tgid;
+        xk.gen = s->memo.gen;
+        xk.pc = s->memo.pc;
+        xk.sp_off = s->sp_off;
+        u32 which = MEMO_VERIFY ? MEMO_HIT_SHARED : MEMO_HIT_THREAD;
+        struct switch_memo_t *m = memo_match(s, MEMO_VERIFY ? xmemo.lookup(&xk) : switch_memo.lookup(&tid));
+        if (!m) {
+            which = MEMO_VERIFY ? MEMO_HIT_THREAD : MEMO_HIT_SHARED;
+            m = memo_match(s, MEMO_VERIFY ? switch_memo.lookup(&tid) : xmemo.lookup(&xk));
+        }
+        if (!memo_reused(s, m, which)) {
+            if (!s->verify)
+                memo_count(MEMO_WALKED);
+            unwind_tp_progs.call(ctx, 0);
+            s->ready = 0;           /* the tail call failed: no native stack */
+        }
     }
     switch_recorded(s);
     return 0;
@@ -644,9 +722,24 @@ int unwind_tp(void *ctx)
             unwind_tp_progs.call(ctx, 0);
             s->st.flags |= NST_TRUNCATED;
         }
+        if (MEMO_VERIFY && s->verify) {
+            walk_done(s);
+            memo_count(MEMO_CHECKED);
+            if (s->verify != s->key.nstack)
+                memo_count(MEMO_WRONG);
+            s->verify = 0;
+            switch_recorded(s);
+            return 0;
+        }
         if (walk_done(s)) {
             if (switch_memo.update(&tid, &s->memo) != 0)
                 count_drop(DROP_MEMO_FULL);
+            struct xmemo_key xk = {};
+            xk.tgid = s->memo.tgid;
+            xk.gen = s->memo.gen;
+            xk.pc = s->memo.pc;
+            xk.sp_off = s->sp_off;
+            xmemo.update(&xk, &s->memo);
         } else {
             switch_memo.delete(&tid);
         }
@@ -672,7 +765,8 @@ int memo_wake(void *ctx)
     if (!s)
         return 0;
     u32 tid = s->key.tid;
-    if (s->ready && !memo_reused(s, memo_match(s, wake_memo.lookup(&tid)))) {
+    s->verify = 0;
+    if (s->ready && !memo_reused(s, memo_match(s, wake_memo.lookup(&tid)), MEMO_HIT_WAKE)) {
         unwind_wake_progs.call(ctx, 0);
         s->ready = 0;
     }

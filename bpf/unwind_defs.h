@@ -90,10 +90,36 @@ struct native_stack {
  * function of the leaf registers (pc, sp, bp), the process's tables (gen)
  * and the stack words it read; when all of them are equal the walk gives
  * the same stack, so a thread that blocks again with the same registers and
- * the same words at the same addresses reuses it, exactly.  The words are
- * checked with one read of [lo, hi). */
+ * the same words at the same addresses reuses it, exactly.
+ *
+ * The same holds for a stack at another place (another thread's, or the
+ * same thread deeper or higher): moved by d bytes, with every stack address
+ * the walk computed with moved by d too, it reads the same return addresses
+ * at addresses d away and gives the same stack.  What the walk computes
+ * with are sp, and bp where a rule bases the CFA on it (or the frame
+ * pointer walk, or GCC's realigned frames): so each word read keeps its
+ * class, MEMO_RA (a return address: the same value), MEMO_PTR (a stack
+ * address the walk went on from: the same value + d) or MEMO_FREE (a saved
+ * rbp never used after: CPython keeps objects in rbp; any value); the leaf
+ * bp and bx likewise (leaf_bp_used, uses_bx).  A walk never compares a
+ * stack address with anything but another one, and its reads either all
+ * succeed or it is not kept (ok), so d changes nothing else.  The words are
+ * checked with one read of [lo + d, hi + d). */
 #define MEMO_WORDS 256              /* power of two: two words a frame */
 #define MEMO_SPAN  16384            /* bytes of stack one check may read; power of two */
+#define MEMO_RA    0
+#define MEMO_PTR   1
+#define MEMO_FREE  2
+/* memo_stats (bpf/unwind.h) */
+#define MEMO_HIT_THREAD 0
+#define MEMO_HIT_SHARED 1
+#define MEMO_WALKED     2
+#define MEMO_CHECKED    3
+#define MEMO_WRONG      4
+#define MEMO_HIT_WAKE   5
+#define MEMO_STATS      6
+#define MEMO_SRC_LEAF  0xFFFF       /* unwind_state.bp_src: bp is the leaf's register */
+#define MEMO_SRC_CONST 0xFFFE       /* ... a constant (a rule said it is lost) */
 struct switch_memo_t {
     unsigned long long pc, sp, bp;
     unsigned long long bx;          /* the leaf's rbx, an input only when uses_bx */
@@ -103,10 +129,21 @@ struct switch_memo_t {
     unsigned int gen;               /* proc_unwind.gen of the tables used */
     unsigned int nw;
     unsigned int ok;                /* every read of the walk is in addr/val */
-    unsigned int uses_bx;           /* the walk used rbx (a UR_RBX leaf) */
-    unsigned int pad;
+    unsigned int uses_bx;           /* the walk based a CFA on the leaf's rbx (UR_RBX) */
+    unsigned int leaf_bp_used;      /* ... or on the leaf's rbp */
     unsigned long long addr[MEMO_WORDS];
     unsigned long long val[MEMO_WORDS];
+    unsigned char cls[MEMO_WORDS];  /* MEMO_* of each word */
+};
+/* The shared memo's key: a walk any thread of the process may reuse, found
+ * by its leaf pc and its sp's distance from the thread pointer (glibc puts
+ * a thread's struct pthread at the top of its stack: threads doing the same
+ * thing block at the same distance).  The key only finds a candidate; the
+ * check above decides. */
+struct xmemo_key {
+    unsigned int tgid, gen;
+    unsigned long long pc;
+    long long sp_off;               /* sp - fsbase */
 };
 
 /* In-flight walk, per CPU: what the last unwinder run records. */
@@ -122,7 +159,9 @@ struct unwind_state {
     unsigned int map_hint;          /* index in maps[] of the last frame's mapping */
     unsigned int win_len;           /* bytes of the stack in win, from win_lo; 0: none */
     unsigned int wakee;             /* sched_waking: the thread woken (key: the waker's) */
-    unsigned int pad;
+    unsigned int bp_src;            /* the memo word bp was read from, or MEMO_SRC_* */
+    long long sp_off;               /* the leaf sp - the thread pointer (xmemo_key) */
+    unsigned long long verify;      /* MEMO_VERIFY: the stack the memo gave, to compare */
     unsigned long long win_lo;
     unsigned char win[UNWIND_WIN + 16];  /* a copy of the stack the walk is in */
     struct native_stack st;

@@ -119,7 +119,8 @@ def fail(msg: str, todo: str = "", code: int = 1):
 @click.option("--full-paths", is_flag=True, help="Full source paths instead of sys.path-relative ones.")
 @click.option("--keep-tids", is_flag=True,
               help="Keep every thread that ended under its own root (default: ended threads "
-                   "that started in the same function fold into one `threads N ended` root).")
+                   "that started in the same function fold into one `threads N ended` root, "
+                   "in the kernel for those born during the recording).")
 @click.option("--tables-first", is_flag=True,
               help="Make every native unwind table the targets need before recording (complete native "
                    "stacks from the first sample; a slower start when they are not cached). Default: "

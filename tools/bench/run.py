@@ -153,6 +153,15 @@ def targets_summary(res: Results) -> List[List[str]]:
         if r["target"]:
             rows.append([f"case {r['case']}: {r['profiler']}, median B/A", f"<= {r['target']:.2f}",
                          fmt_num(r["ratio_median"]), verdict(r["ratio_median"], r["target"])])
+    # issue 28: BPF ns per switch, case 3 (the target's own, the native walk reused) and 4 (another
+    # process's); sched_switch's run time includes the tail-called programs'
+    for b in res.bpf or []:
+        limit = {"3": 600, "4": 80}.get(str(b["case"]))
+        d = b["progs"].get("sched_switch") or b["progs"].get("raw_tracepoint_")
+        if limit and b["profiler"] == "pyoffcpu --mode wall" and d and d.get("per_event") is not None:
+            what = "a target's switch" if str(b["case"]) == "3" else "another process's switch"
+            rows.append([f"case {b['case']}: BPF ns per event, {what} (pyoffcpu --mode wall)", f"<= {limit}",
+                         fmt_num(d["per_event"], 0), verdict(d["per_event"], limit)])
     if res.accuracy:
         for lb, d in res.accuracy["per"].items():
             if lb.startswith("pyoffcpu"):

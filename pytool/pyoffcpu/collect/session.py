@@ -32,6 +32,9 @@ from typing import Callable, Dict, Iterator, List, Optional
 from . import bpfdefs
 from .accounting import ThreadAccounts
 from .bpfdefs import BPF_DIR, GROUP_TID
+# memo_stats' slots (bpf/unwind.h): how each switch-out's native stack was found
+MEMO_STATS = {n.lower(): bpfdefs.value("MEMO_" + n) for n in
+              ("HIT_THREAD", "HIT_SHARED", "WALKED", "CHECKED", "WRONG", "HIT_WAKE")}
 from .launch import Launcher
 from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, WAKE_KEY_FIELDS, bpf_source, delete_all, fdinfo, items,
                    map_sizes, pystack_type, take_generation, walk_stack)
@@ -110,6 +113,8 @@ class Session:
             f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
             f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
             f"-DASYNC_TASKS={int(o.async_tasks)}",
+            # tests: every switch memo hit walked all the same and compared (bpf/unwind.h)
+            f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
         ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX"), p.pt_regs_offsets)]
         from .platform import BTF_PATH
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
@@ -562,6 +567,10 @@ class Session:
                 total = sum(table[table.Key(i)])
                 if total:
                     out[name] = total
+        if "memo_stats" in self.bpf:
+            table = self.bpf["memo_stats"]
+            for name, i in MEMO_STATS.items():
+                self.rec.memo_stats[name] = sum(table[table.Key(i)])
         if self.unwinder is not None and self.unwinder.procs_full:
             self.rec.drops["unwind process map full"] = self.unwinder.procs_full
         # The kernel skips a program that would run inside another BPF program
@@ -587,7 +596,8 @@ class Session:
                 pass
         line = {"t": round(elapsed, 3), "rss_kib": rss_kib(), "maps": maps,
                 "drops": dict(self.rec.drops), "stacks": len(self.rec.stacks),
-                "threads": len(self.rec.threads), "unresolved": len(self._unresolved)}
+                "threads": len(self.rec.threads), "unresolved": len(self._unresolved),
+                "memo": dict(self.rec.memo_stats), "kernel_folded": self.rec.kernel_folded}
         u = self.unwinder
         if u is not None and u.builds is not None:
             # the tables made in the background: how many still wait, and each
