@@ -11,10 +11,11 @@ from conftest import Workload, python_or_skip, record_folded
 from pyoffcpu.collect import bpfdefs
 
 SECONDS = 4.0
-# the server's load starts this long after it is ready: after the start and
-# the fold program's verification in the background (~1 s here), so that
-# nearly every thread is born with the kernel's fold on
-DELAY = 3.0
+# the server's load starts this long after it is ready: after the start,
+# the first thread born (a second in: pyoffcpu then loads the fold program)
+# and that program's verification in the background (~1 s of CPU here), so
+# that nearly every thread is born with the kernel's fold on
+DELAY = 4.0
 
 
 def group_sums(stacks):

@@ -6,9 +6,10 @@ An http.server.ThreadingHTTPServer on 127.0.0.1 (a new thread per request,
 HTTP/1.0) and 4 client threads sending it requests as fast as it answers;
 beside them, a thread started every 10 ms that sleeps 2 ms, spins 1 ms and
 ends (a second entry function: a second group of ended threads).  Prints
-`ready`, waits DELAY seconds (default 0), then runs for SECONDS.  The
-clients and the ticker start before the wait; the threads that end are all
-born after it.
+`ready`, waits DELAY seconds (default 0; a thread that ends at once is
+started halfway, at most a second in), then runs for SECONDS.  The clients
+and the ticker start before the wait; the threads that end are all born
+after it.
 """
 import socket
 import sys
@@ -75,7 +76,12 @@ def main():
     for t in helpers:
         t.start()
     print("ready", flush=True)
-    time.sleep(delay)
+    # one thread that ends at once, a second in (after a recording started
+    # at `ready` has begun): the sign pyoffcpu waits for to load its fold of
+    # ended threads in the kernel, ready before the load comes
+    time.sleep(min(1.0, delay / 2))
+    threading.Thread(target=lambda: None).start()
+    time.sleep(delay - min(1.0, delay / 2))
     go.set()
     time.sleep(seconds)
     stop.set()

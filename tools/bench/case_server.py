@@ -17,8 +17,9 @@ from common import (Proc, Profiler, Results, THREADSERVER, Tools, bpfstats, cpu_
 SERVER_LOSS_MAX = 0.03          # issue 10: pyoffcpu --mode wall costs the server at most 3% of its requests/s
 PER_REQUEST_US_MAX = 25.0       # issue 28: profiler CPU (BPF + its own) per request under --mode wall
 SERVER_WARMUP_S = 2.0           # the client's load settles before a profiler comes or the window starts
-SERVER_SETTLE_S = 2.0           # after the profiler's ready line: its start's background work (the
-                                # kernel fold program's verification, ~1 s of CPU) is done
+SERVER_SETTLE_S = 3.0           # after the profiler's ready line: its start's background work (the
+                                # kernel fold program's verification, ~1 s of CPU from the first
+                                # drain that sees a thread born, a second in) is done
 SERVER_PROFILERS = ("pyoffcpu --mode wall", "pyoffcpu --mode cpu -F 99", "py-spy record --idle -r 100")
 ALONE = "alone"
 

@@ -51,6 +51,7 @@ class ThreadAccounts:
         self._kernel_ids: Dict[int, Tuple[int, int, str]] = {}
         self._kernel_gids: Dict[int, int] = {}
         self.kernel_folded: set = set()     # FOLD_SHADOW: threads the kernel folded too
+        self.fold_shadow = False            # PYOFFCPU_FOLD=shadow, from the start on
 
     def add(self, key, count: int, ns: int):
         acc = self.rec.stacks.get(key)
@@ -188,7 +189,7 @@ class ThreadAccounts:
             else:
                 g_acc[0] += acc[0]
                 g_acc[1] += acc[1]
-        if self.kernel_fold & bpfdefs.FOLD_SHADOW and tid not in self.kernel_folded:
+        if self.fold_shadow and tid not in self.kernel_folded:
             # the kernel left it to user space: in its view too
             k = self.group_times(self.rec.kernel_threads, gid, t.pid, t.name, entry, t.first_ns, t.last_ns)
             if not k.threads or t.first_ns < k.first_ns:

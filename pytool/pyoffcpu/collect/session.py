@@ -95,6 +95,7 @@ class Session:
         self._tasks = None                           # --async: collect/tasks.py's sampler
         self._fold_loader: Optional[threading.Thread] = None    # the fold program's verification
         self._fold_fd: Optional[int] = None
+        self._fold_started = False
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -164,11 +165,15 @@ class Session:
         return mode | (bpfdefs.FOLD_SHADOW if env == "shadow" else 0)
 
     def _start_fold(self):
-        """The fold program verified in the background, once recording (its
-        three loops take the verifier ~0.8 s here, longer than every other
-        program: the start does not wait for it); _fold_ready turns it on."""
-        if not self._fold_mode():
+        """The fold program verified in the background, once a target has
+        started a thread during the recording (its three loops take the
+        verifier ~0.8 s of CPU here, longer than every other program: the
+        start does not wait for it, and a target that starts no thread never
+        shares a CPU with it); _fold_ready turns it on.  Until then, ended
+        threads fold here, the same way."""
+        if not self._fold_mode() or self._fold_started:
             return
+        self._fold_started = True
         from .bpfsys import RAW_TRACEPOINT
 
         def load():
@@ -239,7 +244,8 @@ class Session:
             raise ProfilerError(f"cannot attach BPF: {e}", "is this kernel built with perf events?")
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
                                                      lost_cb=self._on_lost)
-        self._start_fold()
+        # tests: the threads folded here before the kernel's fold is on are in its view too
+        self.accounts.fold_shadow = bool(self._fold_mode() & bpfdefs.FOLD_SHADOW)
         # The programs that finish each sample (and walk native stacks from
         # .eh_frame tables when NATIVE_UNWIND=1), called by tail call.
         try:
@@ -524,9 +530,11 @@ class Session:
         the map, which keeps memory bounded by live threads."""
         table = self.bpf["threads"]
         done = []
-        held, exited = TH["HELD"], TH["EXITED"]
+        held, exited, born = TH["HELD"], TH["EXITED"], TH["BORN"]
         for k, th in items(table):
             tid = k.value
+            if th.flags & born and not self._fold_started:
+                self._start_fold()      # a target starts threads: the kernel's fold is worth it
             if th.flags & held:
                 # its keys are the kernel's until it ends: it folds there, or
                 # comes back without TH_HELD (or, not folded at all, at the end)
