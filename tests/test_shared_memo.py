@@ -11,12 +11,22 @@ import subprocess
 from conftest import WORKLOADS, Workload, python_or_skip
 
 
-def record(pid, seconds, monkeypatch):
+def record_verified(w, monkeypatch, checked, shared):
+    """3 s of workload w in wall mode, every memo hit walked and compared:
+    the recording, once at least `checked` hits were checked, `shared` of
+    them another thread's walk, and none differed."""
     from pyoffcpu.collect import platform as plat
     from pyoffcpu.collect.recording import Options
     from pyoffcpu.collect.session import Session
     monkeypatch.setenv("PYOFFCPU_MEMO_VERIFY", "1")
-    return Session(Options(pids=[pid], duration=seconds, mode="wall"), plat.probe()).run()
+    try:
+        rec = Session(Options(pids=[w.pid], duration=3.0, mode="wall"), plat.probe()).run()
+    finally:
+        w.stop()
+    st = rec.memo_stats
+    assert st["checked"] > checked and st["hit_shared"] > shared, st
+    assert st["wrong"] == 0, st
+    return rec
 
 
 def test_a_walk_is_shared_only_where_every_word_holds(tmp_path, bpf, monkeypatch):
@@ -26,14 +36,8 @@ def test_a_walk_is_shared_only_where_every_word_holds(tmp_path, bpf, monkeypatch
     subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-o", str(exe),
                     os.path.join(WORKLOADS, "shared_memo.c"), "-lpthread"], check=True)
     w = Workload(None, None, argv=[str(exe), "60"])
-    try:
-        caller = {int(line.split()[1]): line.split()[2] for line in w.lines if line.startswith("tid ")}
-        rec = record(w.pid, 3.0, monkeypatch)
-    finally:
-        w.stop()
-    st = rec.memo_stats
-    assert st["checked"] > 200 and st["hit_shared"] > 100, st
-    assert st["wrong"] == 0, st
+    caller = {int(line.split()[1]): line.split()[2] for line in w.lines if line.startswith("tid ")}
+    rec = record_verified(w, monkeypatch, checked=200, shared=100)
     # and the profile names each thread's own caller, never the other's
     prof, _ = build_profile(rec, symbols.Symbolizer(), None)
     seen = {tid: 0 for tid in caller}
@@ -50,11 +54,5 @@ def test_a_walk_is_shared_only_where_every_word_holds(tmp_path, bpf, monkeypatch
 
 
 def test_threads_of_a_server_share_walks_exactly(bpf, monkeypatch):
-    w = Workload(python_or_skip("pyenv-3.12"), "thread_server.py", 60, 0.5)
-    try:
-        rec = record(w.pid, 3.0, monkeypatch)
-    finally:
-        w.stop()
-    st = rec.memo_stats
-    assert st["checked"] > 500 and st["hit_shared"] > 200, st
-    assert st["wrong"] == 0, st
+    record_verified(Workload(python_or_skip("pyenv-3.12"), "thread_server.py", 60, 0.5), monkeypatch,
+                    checked=500, shared=200)
