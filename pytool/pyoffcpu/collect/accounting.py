@@ -171,15 +171,7 @@ class ThreadAccounts:
                     entry, best_ns = e, acc[1]
         gid = self.group_id(t.pid, entry, t.name)
         g = self.group_times(self.rec.threads, gid, t.pid, t.name, entry, t.first_ns, t.last_ns)
-        g.threads += 1
-        g.on_ns += t.on_ns
-        if t.first_ns < g.first_ns:
-            g.first_ns = t.first_ns
-        if t.last_ns > g.last_ns:
-            g.last_ns = t.last_ns
-        g.samples += t.samples
-        if g.threads == 1:
-            g.first_tid = tid
+        self.join_group(g, tid, 1, t.on_ns, t.samples, t.first_ns, t.last_ns)
         get = stacks.get
         for key, acc in moved:
             gkey = (key[0], gid) + key[2:]
@@ -192,13 +184,7 @@ class ThreadAccounts:
         if self.fold_shadow and tid not in self.kernel_folded:
             # the kernel left it to user space: in its view too
             k = self.group_times(self.rec.kernel_threads, gid, t.pid, t.name, entry, t.first_ns, t.last_ns)
-            if not k.threads or t.first_ns < k.first_ns:
-                k.first_tid = tid
-            k.threads += 1
-            k.on_ns += t.on_ns
-            k.samples += t.samples
-            k.first_ns = min(k.first_ns, t.first_ns)
-            k.last_ns = max(k.last_ns, t.last_ns)
+            self.join_group(k, tid, 1, t.on_ns, t.samples, t.first_ns, t.last_ns)
             for key, acc in moved:
                 accumulate(self.rec.kernel_stacks, (key[0], gid) + key[2:], acc[0], acc[1])
         self.kernel_folded.discard(tid)
@@ -225,6 +211,20 @@ class ThreadAccounts:
             g = table[gid] = ThreadTimes(pid, gid, name, first_ns=first_ns, last_ns=last_ns, exited=True,
                                          threads=0, entry=entry or "")
         return g
+
+    @staticmethod
+    def join_group(g: ThreadTimes, first_tid: int, threads: int, on_ns: int, samples: int,
+                   first_ns: int, last_ns: int):
+        """Threads (one ended thread, or a record of the kernel's) added to
+        group g; first_tid: the one that came first (what a group of one
+        is shown as)."""
+        if not g.threads or first_ns < g.first_ns:
+            g.first_tid = first_tid
+        g.threads += threads
+        g.on_ns += on_ns
+        g.samples += samples
+        g.first_ns = min(g.first_ns, first_ns)
+        g.last_ns = max(g.last_ns, last_ns)
 
     # -- the kernel's fold (bpf: fold_exit) ------------------------------------
     def kernel_groups(self, entries):
@@ -254,14 +254,8 @@ class ThreadAccounts:
         table = self.rec.kernel_threads if self.kernel_fold & bpfdefs.FOLD_SHADOW else self.rec.threads
         first, last = r["first_ts"] - self.start_ns, r["last_ts"] - self.start_ns
         g = self.group_times(table, gid, pid, name, self.stack_entry(pystack) if pystack else None, first, last)
-        if not g.threads or first < g.first_ns:
-            g.first_tid = r["first_tid"]
-        g.threads += r["threads"]
+        self.join_group(g, r["first_tid"], r["threads"], r["on_ns"], r["samples"], first, last)
         self.rec.kernel_folded += r["threads"]
-        g.on_ns += r["on_ns"]
-        g.samples += r["samples"]
-        g.first_ns = min(g.first_ns, first)
-        g.last_ns = max(g.last_ns, last)
 
     def settle(self, tid: int):
         """A closed thread's final numbers: its raw sample count and its

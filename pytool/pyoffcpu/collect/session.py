@@ -32,12 +32,9 @@ from typing import Callable, Dict, Iterator, List, Optional
 from . import bpfdefs
 from .accounting import ThreadAccounts
 from .bpfdefs import BPF_DIR, GROUP_TID
-# memo_stats' slots (bpf/unwind.h): how each switch-out's native stack was found
-MEMO_STATS = {n.lower(): bpfdefs.value("MEMO_" + n) for n in
-              ("HIT_THREAD", "HIT_SHARED", "WALKED", "CHECKED", "WRONG", "HIT_WAKE")}
 from .launch import Launcher
-from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, WAKE_KEY_FIELDS, bpf_source, delete_all, fdinfo, items,
-                   map_sizes, pystack_type, take_generation, walk_stack)
+from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, WAKE_KEY_FIELDS,
+                   bpf_source, delete_all, fdinfo, items, map_sizes, pystack_type, take_generation, walk_stack)
 from .platform import Platform, ProfilerError
 from .preexisting import BlockedThreads
 from .recording import LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Recording, accumulate
@@ -45,6 +42,10 @@ from ..native import symbols
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Select, Targets
 from ..targets.procfs import rss_kib
+
+# memo_stats' slots (bpf/unwind.h): how each switch-out's native stack was found
+MEMO_STATS = {n.lower(): bpfdefs.value("MEMO_" + n) for n in
+              ("HIT_THREAD", "HIT_SHARED", "WALKED", "CHECKED", "WRONG", "HIT_WAKE")}
 
 DROP_NAMES = bpfdefs.drop_names()
 TH = bpfdefs.TH
@@ -410,10 +411,11 @@ class Session:
         native_ids, ustacks, kstacks = self.native_ids, self.rec.ustacks, self.rec.kstacks
         add = self.accounts.add
         group_of = self.accounts.kernel_gid
+        shadow = self.accounts.kernel_fold & bpfdefs.FOLD_SHADOW
         for tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns in items:
             if tid & GROUP_TID:         # a group the kernel folded: its id here (< 0)
                 tid = group_of(tid & ~GROUP_TID)
-                if self.accounts.kernel_fold & bpfdefs.FOLD_SHADOW:
+                if shadow:
                     uid = self._ustack_id(ustack, nstack)
                     self._fetch_stack_ids(uid, kstack)
                     accumulate(self.rec.kernel_stacks, (tgid, tid, uid, kstack, pystack, kind), count, ns)
