@@ -331,15 +331,29 @@ Examples:
   sudo pyoffcpu dump -p 4242 --json | jq .  # for scripts
   sudo pyoffcpu dump -p 4242 --subprocesses # and the processes it started
   sudo pyoffcpu dump -p 4242 --async        # its asyncio tasks: who awaits whom, and where
+  pyoffcpu dump --core core.4242            # a crashed process, from its core file
+  pyoffcpu dump --core /var/lib/systemd/coredump/core.python3.0.<boot>.4242.<time>.zst
+  coredumpctl dump 4242 -o core && pyoffcpu dump --core core
 
 \b
 Nothing is stopped: stacks are read from /proc and the process's memory,
 so a deadlocked process can be dumped (and stays as it was).
+A core file gives every thread's Python and native frames, the faulting
+thread first with its signal and address; its files are read from this
+machine (or --root), and only where their build-id is the core's.
 """
 
 
 @main.command(epilog=DUMP_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-p", "--pid", "pid", type=int, required=True, metavar="PID", help="The process.")
+@click.option("-p", "--pid", "pid", type=int, metavar="PID", help="The process.")
+@click.option("--core", "core", metavar="FILE",
+              help="A core file instead of a live process (plain, or systemd-coredump's "
+                   ".zst/.lz4/.xz); native frames are always shown.")
+@click.option("--exe", "exe", metavar="PATH",
+              help="With --core: the executable, where it is not at the path the core names.")
+@click.option("--root", "root", metavar="DIR",
+              help="With --core: the directory the process saw as / (a container's or a "
+                   "chroot's tree); its files are read from there.")
 @click.option("--native", is_flag=True,
               help="Native frames too (unwound from .eh_frame; a thread running on a CPU has none).")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout instead of text.")
@@ -348,10 +362,17 @@ so a deadlocked process can be dumped (and stays as it was).
               help="Its asyncio tasks instead (CPython 3.11+): a tree of who awaits whom, "
                    "where each is suspended and on what; tasks awaiting each other are named "
                    "as a CYCLE.")
-def dump(pid, native, as_json, subprocesses, async_tasks):
+def dump(pid, core, exe, root, native, as_json, subprocesses, async_tasks):
     """Every thread's current stack, its state, the GIL holder, lock owners."""
     from .commands import dump as D
     from .collect.platform import check_privileges
+    if core is not None:
+        _dump_core(core, exe, root, as_json, pid, subprocesses or async_tasks)
+        return
+    if pid is None:
+        fail("dump needs -p PID or --core FILE", "see pyoffcpu dump --help")
+    if exe or root:
+        fail("--exe and --root go with --core")
     try:
         check_privileges()
     except ProfilerError as e:
@@ -374,6 +395,25 @@ def dump(pid, native, as_json, subprocesses, async_tasks):
                               indent=1))
     else:
         echo("\n\n".join(D.render_text(d) for d in dumps))
+
+
+def _dump_core(path: str, exe, root, as_json: bool, pid, live_only) -> None:
+    from .commands import dump as D
+    from .commands.coredump import dump_core
+    from .targets.corefile import CoreError
+    if pid is not None or live_only:
+        fail("--core reads one dead process: -p, --subprocesses and --async are for live ones")
+    if root is not None and not os.path.isdir(root):
+        fail(f"--root {root}: not a directory")
+    try:
+        d = dump_core(path, root=root, exe=exe)
+    except CoreError as e:
+        fail(str(e))
+    if as_json:
+        import json
+        echo(json.dumps(d.as_dict(), indent=1))
+    else:
+        echo(D.render_text(d))
 
 
 def _dump_async(pid: int, as_json: bool) -> None:

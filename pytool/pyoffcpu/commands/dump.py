@@ -59,6 +59,7 @@ class ProcessDump:
     gil: str = ""                       # what is known of the GIL
     threads: List[ThreadDump] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    fatal: Optional[dict] = None        # a dead process: the signal that ended it (postmortem.Fatal)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -319,6 +320,12 @@ def render_text(d: ProcessDump) -> str:
     if d.gil:
         head += f"; the GIL: {d.gil}"
     lines = [head]
+    if d.fatal:
+        f = d.fatal
+        lines.append(f"  killed by {f['signal']} ({f['code_text']})"
+                     + (f" at address {f['address']:#x}" if f.get("address") is not None else "")
+                     + (f", sent by process {f['sender']}" if f.get("sender") is not None else "")
+                     + f" in thread {f['tid']}")
     lines += [f"  note: {n}" for n in d.notes]
     names = {t.tid: t.name for t in d.threads}
     for t in d.threads:
@@ -334,7 +341,7 @@ def render_text(d: ProcessDump) -> str:
             what = "for the GIL" if t.lock.get("gil") else "on a lock"
             bits.append(f"waiting {what} held by thread {owner} ({names.get(owner, '?')})" if owner
                         else f"waiting {what}: " + t.lock.get("why", "its owner is not known"))
-        lines.append(f"thread {t.tid} {t.name}: " + ", ".join(bits))
+        lines.append(f"thread {t.tid}" + (f" {t.name}" if t.name else "") + ": " + ", ".join(bits))
         for f in t.frames:
             lines.append(f"    {f}")
         if not t.frames and not t.python:

@@ -102,11 +102,12 @@ def table_for(minor: Tuple[int, int]) -> Tuple[Optional[Dict[str, int]], bool]:
     return None, False
 
 
-def _candidates(pid: int, maps) -> List[str]:
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        exe = None
+def _candidates(pid: int, maps, exe: Optional[str] = None) -> List[str]:
+    if exe is None:
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            exe = None
     seen, out = set(), []
     paths = [exe] if exe else []
     # libpython3.X.so first, then the other shared objects whose name mentions
@@ -193,14 +194,17 @@ def may_become_python(pid: int) -> bool:
     return any("python" in n for n in default_cache().needed(real))
 
 
-def find_python(pid: int, maps=None) -> PythonProcess:
+def find_python(pid: int, maps=None, mem=None, exe: Optional[str] = None) -> PythonProcess:
     """Raises NotPython or Unsupported; returns the runtime, maybe with tss_key -1
-    when the interpreter has not finished starting (call `refresh_tss` again)."""
+    when the interpreter has not finished starting (call `refresh_tss` again).
+
+    `mem` and `exe`: a process that is no more (a core file, corefile.py):
+    its memory, and its executable's path; its maps' paths are then ours."""
     if maps is None:
         maps = symbols.read_maps(pid)
     old = None
-    for path in _candidates(pid, maps):
-        real = proc_path(pid, path)
+    for path in _candidates(pid, maps, exe):
+        real = proc_path(pid, path) if mem is None else path
         syms = default_cache().defined_symbols(real, ("_PyRuntime", "Py_GetVersion"))
         vaddr = syms.get("_PyRuntime")
         if vaddr is None:
@@ -210,7 +214,7 @@ def find_python(pid: int, maps=None) -> PythonProcess:
         runtime = _address(maps, path, real, vaddr)
         if runtime is None:
             continue
-        return _describe(pid, maps, path, real, runtime)
+        return _describe(pid, maps, path, real, runtime, mem)
     if old is not None:
         v = _old_version(old)
         what = ("CPython %d.%d" % v[:2] if v and v[:2] < SUPPORTED[0]
@@ -231,19 +235,20 @@ DEBUG_BUILD_SYMBOLS = ("_Py_RefTotal", "_Py_GetGlobalRefTotal", "_Py_ForgetRefer
 DEBUG_BUILD_SYMBOLS_313 = ("_Py_GetGlobalRefTotal",)
 
 
-def _describe(pid, maps, path, real, runtime) -> PythonProcess:
+def _describe(pid, maps, path, real, runtime, dead_mem=None) -> PythonProcess:
     named = ("Py_Version", "PyCode_Type", "PyGILState_GetThisThreadState")
     syms = default_cache().defined_symbols(real, named + DEBUG_BUILD_SYMBOLS)
     addrs = {name: _address(maps, path, real, syms[name]) for name in named if name in syms}
     debug = [name for name in DEBUG_BUILD_SYMBOLS if name in syms]
-    mem = ProcessMemory(pid)
+    mem = ProcessMemory(pid) if dead_mem is None else dead_mem
     try:
         layout, notes = libc.thread_layout(pid, maps, mem)
         return describe(mem, pid, path, runtime, {k: v for k, v in addrs.items() if v},
                         lambda: _version_before_311(real), debug_build=debug,
                         thread_layout=layout, notices=notes)
     finally:
-        mem.close()
+        if dead_mem is None:
+            mem.close()
 
 
 def describe(mem, pid: int, path: str, runtime: int, addrs: Dict[str, int],

@@ -1,0 +1,223 @@
+"""Crashed processes: `pyoffcpu dump --core` on real cores of known crashes
+(tests/workloads/crash_fixture.c called from crashes.py), on every
+interpreter issue 29 names.
+
+Known truth: the faulting native chain (cf_inner <- cf_middle <- cf_outer,
+ab_inner <- ab_middle <- ab_outer under abort()), the Python lines above it,
+the thread blocked at its line, the signal and the faulting address.
+"""
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import (CHROOT_INTERPRETERS, WORKLOADS, chroot_cmd, chroot_workloads, python_or_skip,
+                      run_pyoffcpu, source_line)
+
+LABELS = ["pyenv-3.9", "pyenv-3.11", "pyenv-3.13", "debian-3.11", "debian-3.14"]
+CORE_DIR = "/tmp/pyoffcpu-test-cores"       # the same path inside the chroot
+LABEL_RE = re.compile(r"^(\S+) \((.*):(\d+)\)$")
+
+
+def build_fixture(out, extra=()):
+    subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-shared", "-fPIC", *extra, "-o", str(out),
+                    os.path.join(WORKLOADS, "crash_fixture.c")], check=True)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def fixture_so(tmp_path_factory):
+    return build_fixture(tmp_path_factory.mktemp("crash") / "crash_fixture.so")
+
+
+@pytest.fixture(scope="module")
+def core_pattern():
+    """kernel.core_pattern set to CORE_DIR/core.%p for the module, restored after."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (kernel.core_pattern)")
+    path = "/proc/sys/kernel/core_pattern"
+    with open(path) as f:
+        old = f.read().rstrip("\n")
+    with open(path, "w") as f:
+        f.write(CORE_DIR + "/core.%p")
+    try:
+        yield CORE_DIR
+    finally:
+        with open(path, "w") as f:
+            f.write(old)
+
+
+def _unlimited_core():
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def make_core(label, so, case, core_dir):
+    """Runs crashes.py on `label` until it crashes; (the core's path as we
+    read it, {"main": tid, "blocked": tid}, the root to pass to --root)."""
+    interp = CHROOT_INTERPRETERS.get(label)
+    root = interp.chroot if interp else None
+    prefix = root or ""
+    os.makedirs(prefix + core_dir, exist_ok=True)
+    if interp:
+        inner = chroot_workloads(root)
+        shutil.copy(so, root + inner + "/crash_fixture.so")
+        argv = chroot_cmd(label, inner + "/crashes.py", inner + "/crash_fixture.so", case, proc=True)
+    else:
+        argv = [python_or_skip(label), os.path.join(WORKLOADS, "crashes.py"), so, case]
+    python_or_skip(label)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, preexec_fn=_unlimited_core)
+    assert res.returncode < 0, (res.returncode, res.stdout, res.stderr)
+    tids = {w[1]: int(w[2]) for w in (ln.split() for ln in res.stdout.splitlines()) if w[0] == "tid"}
+    core = f"{prefix}{core_dir}/core.{tids['main']}"
+    assert os.path.exists(core), f"no core at {core}"
+    return core, tids, root
+
+
+def dump_core(core, *extra):
+    res = run_pyoffcpu("dump", "--core", core, "--json", *extra)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def python_frames(frames):
+    """[(function, line)] of a thread's labels that are Python frames of crashes.py."""
+    out = []
+    for f in frames:
+        m = LABEL_RE.match(f)
+        if m and m.group(2).endswith("crashes.py"):
+            out.append((m.group(1), int(m.group(3))))
+    return out
+
+
+def thread(d, tid):
+    return next(t for t in d["threads"] if t["tid"] == tid)
+
+
+def line(marker):
+    return source_line("crashes.py", marker)
+
+
+def check_blocked(d, tids):
+    t = thread(d, tids["blocked"])
+    assert t["syscall"] == "futex"
+    assert python_frames(t["frames"])[0] == ("blocked_wait", line("BLOCKED_LINE")), t["frames"]
+
+
+def check_null(d, tids):
+    f = d["fatal"]
+    assert (f["signal"], f["address"], f["tid"], f["code"]) == ("SIGSEGV", 0, tids["main"], 1), f
+    assert d["threads"][0]["tid"] == tids["main"]       # the faulting thread first
+    frames = thread(d, tids["main"])["frames"]
+    assert frames[:3] == ["cf_inner", "cf_middle", "cf_outer"], frames
+    assert python_frames(frames) == [("crash_in_native", line("NULL_LINE")),
+                                     ("run_case", line("RUN_NULL_LINE")),
+                                     ("main", line("MAIN_LINE")),
+                                     ("<module>", line("MODULE_LINE"))], frames
+    # the native chain lies under the Python frame that called it
+    assert frames.index("cf_outer") < frames.index(next(x for x in frames if x.startswith("crash_in_native")))
+    check_blocked(d, tids)
+
+
+def check_abort(d, tids):
+    f = d["fatal"]
+    assert f["signal"] == "SIGABRT" and f["tid"] not in tids.values(), f
+    assert d["threads"][0]["tid"] == f["tid"]
+    frames = d["threads"][0]["frames"]
+    i = frames.index("abort")
+    assert frames[i + 1:i + 4] == ["ab_inner", "ab_middle", "ab_outer"], frames
+    assert python_frames(frames) == [("abort_thread", line("ABORT_LINE"))], frames
+    main = python_frames(thread(d, tids["main"])["frames"])
+    assert main[-3:-1] == [("run_case", line("RUN_JOIN_LINE")), ("main", line("MAIN_LINE"))], main
+    check_blocked(d, tids)
+
+
+@pytest.mark.parametrize("case", ["null", "abort"])
+@pytest.mark.parametrize("label", LABELS)
+def test_core_gives_the_exact_faulting_chain(label, case, fixture_so, core_pattern):
+    core, tids, root = make_core(label, fixture_so, case, core_pattern)
+    try:
+        d = dump_core(core, *(["--root", root] if root else []))
+        assert d["python"].startswith("%d.%d." % (CHROOT_INTERPRETERS[label].minor if root else
+                                                 tuple(int(x) for x in label.split("-")[1].split("."))))
+        (check_null if case == "null" else check_abort)(d, tids)
+    finally:
+        os.unlink(core)
+
+
+def _strip_source(d):
+    d = dict(d)
+    d["notes"] = [n for n in d["notes"] if not n.startswith("from core file")]
+    return d
+
+
+def test_systemd_coredump_compressed_cores_read_as_the_plain_one(tmp_path, fixture_so, core_pattern):
+    """systemd-coredump keeps cores zstd- (or lz4-) compressed under names
+    like core.python3.0.<boot id>.<pid>.<usec>.zst: the same dump as the
+    plain core."""
+    core, tids, _ = make_core("pyenv-3.11", fixture_so, "null", core_pattern)
+    try:
+        plain = dump_core(core)
+        check_null(plain, tids)
+        for tool, ext in (("zstd", "zst"), ("lz4", "lz4")):
+            name = tmp_path / f"core.python3\\x2e11.0.0123456789abcdef0123456789abcdef.{tids['main']}.1764770000000000.{ext}"
+            with open(core, "rb") as src, open(name, "wb") as dst:
+                subprocess.run([tool, "-c"], stdin=src, stdout=dst, check=True)
+            d = dump_core(str(name))
+            assert any(f"({tool})" in n for n in d["notes"]), d["notes"]
+            assert _strip_source(d) == _strip_source(plain)
+    finally:
+        os.unlink(core)
+
+
+def test_a_library_rebuilt_since_the_crash_names_no_frame(tmp_path, core_pattern):
+    """The fixture rebuilt (other code at the same path) after the crash: its
+    build-id is not the core's, so its frames are not named (not named
+    wrong), and the note says which file changed."""
+    so = build_fixture(tmp_path / "crash_fixture.so")
+    core, tids, _ = make_core("pyenv-3.11", so, "null", core_pattern)
+    try:
+        build_fixture(so, ["-DCHANGED=1", "-O1"])
+        d = dump_core(core)
+        assert any("changed since the crash" in n and so in n for n in d["notes"]), d["notes"]
+        frames = thread(d, tids["main"])["frames"]
+        assert not any(x.startswith(("cf_", "ab_")) for x in frames), frames
+        # everything else is still there
+        assert python_frames(frames)[0] == ("crash_in_native", line("NULL_LINE")), frames
+    finally:
+        os.unlink(core)
+
+
+def test_a_crashed_native_program_gets_its_native_stack(tmp_path, core_pattern):
+    src = tmp_path / "native_crash.c"
+    src.write_text("#include <stdlib.h>\n"
+                   "__attribute__((noipa)) int nc_leaf(volatile int *p) { return *p; }\n"
+                   "__attribute__((noipa)) int nc_caller(volatile int *p) { int r = nc_leaf(p); "
+                   "__asm__ volatile(\"\"); return r; }\n"
+                   "int main(void) { int r = nc_caller(0); __asm__ volatile(\"\"); return r; }\n")
+    exe = tmp_path / "native_crash"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
+    os.makedirs(core_pattern, exist_ok=True)
+    p = subprocess.Popen([str(exe)], preexec_fn=_unlimited_core)
+    assert p.wait() == -11
+    core = f"{core_pattern}/core.{p.pid}"
+    try:
+        d = dump_core(core)
+        assert d["python"] == "" and any("not a CPython process" in n for n in d["notes"])
+        assert d["threads"][0]["frames"][:3] == ["nc_leaf", "nc_caller", "main"], d["threads"]
+        text = run_pyoffcpu("dump", "--core", core).stdout
+        assert "killed by SIGSEGV (SEGV_MAPERR: address not mapped) at address 0x0" in text
+    finally:
+        os.unlink(core)
+
+
+def test_what_is_not_a_core_is_one_line_and_exit_1(tmp_path):
+    (tmp_path / "text").write_text("hello")
+    os.mkfifo(tmp_path / "fifo")
+    for path, why in ((tmp_path / "missing", "cannot open"), (tmp_path / "text", "not an ELF core"),
+                      (tmp_path / "fifo", "not a regular file"), ("/bin/true", "not a core")):
+        res = run_pyoffcpu("dump", "--core", str(path), timeout=20)
+        assert res.returncode == 1 and why in res.stderr and "Traceback" not in res.stderr, res.stderr
