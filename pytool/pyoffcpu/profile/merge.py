@@ -307,7 +307,10 @@ class Merger:
             return (P.NO_STACK,)
         native: List[NativeFrame] = []
         for i, addr in enumerate(self.rec.ustacks.get(ustack, [])):
-            nf = self.native_frame(tgid, addr)
+            # a caller's pc is a return address: the call lies before it, and
+            # a call to a function that never returns (abort) can be the last
+            # instruction of its function, its return address the next one's
+            nf = self.native_frame(tgid, addr if i == 0 else addr - 1)
             if nf is None and i == 0:
                 nf = UNMAPPED_PC        # the sampled PC itself: keep it visible
             if nf is not None:
