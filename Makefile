@@ -56,7 +56,7 @@ demo: root
 # build-chroot.sh: Debian testing's 3.14/3.14d and a free-threaded 3.13t in a cached
 # chroot (first run ~8 min, then instant); its debootstrap downloads with wget.
 test: root
-	tools/setup-system.sh chromium python3.11-dbg wget golang-go tmux libomp5-14
+	tools/setup-system.sh chromium python3.11-dbg wget golang-go tmux libomp5-14 zstd lz4
 	tools/build-chroot.sh
 	@$(MAKE) --no-print-directory $(VENV)/.installed
 	@$(MAKE) --no-print-directory helper
