@@ -67,6 +67,38 @@ def uid_of(pid: int) -> Optional[int]:
     return None
 
 
+def fill_proc_info(info, py: Optional[detect.PythonProcess], epoch: int,
+                   gil: Optional[detect.GilLayout] = None) -> None:
+    """info (a struct proc_info, bpf/pyoffcpu.h, as ctypes) for a process
+    whose interpreter is py (None, or its thread state not found: native
+    stacks only); gil: where BPF reads its GIL state (None: it does not).
+    The profiler's registrations and the crash watcher's (collect/crashcapture.py)."""
+    for name, t in info._fields_:
+        if t is ctypes.c_int:
+            setattr(info, name, -1)     # the ints: offsets, -1 none
+    info.walker = bpfdefs.WALK_NONE
+    info.epoch = epoch
+    info.gil_addr = 0
+    info.tstate_tls = 0
+    if py is None or not py.tstate_found:
+        return
+    o = py.offsets
+    info.walker = detect.walker_kind(py.minor)
+    info.tss_key = py.tss_key
+    info.tstate_tls = py.tstate_tls if py.tstate_tls is not None else 0
+    info.pthread_specific = py.thread_layout.specific_1stblock
+    for name in ("tstate_frame", "tstate_cframe", "cframe_current_frame",
+                 "tstate_current_frame", "frame_back", "frame_code", "frame_lasti",
+                 "iframe_code", "iframe_previous", "iframe_instr", "iframe_is_entry",
+                 "iframe_owner", "code_code_adaptive"):
+        setattr(info, name, o[name])
+    if gil is not None:
+        info.tstate_interp = o["tstate_interp"]
+        info.interp_ceval_gil = gil.interp_ceval_gil
+        info.gil_holder = gil.holder
+        info.gil_addr = gil.addr
+
+
 class Select:
     """Which processes -a takes: --match (a regex searched in the command
     line), --uid, --python-only; none given: every process."""
@@ -264,30 +296,9 @@ class Targets:
         none (native stacks only); and the target list in control."""
         table = self.bpf["procs"]
         info = table.Leaf()
-        for name, t in info._fields_:
-            if t is ctypes.c_int:
-                setattr(info, name, -1)     # the ints: offsets, -1 none
-        info.walker = bpfdefs.WALK_NONE
-        info.epoch = tgt.epoch
-        info.gil_addr = 0
         py = tgt.python
-        if py is not None and py.tstate_found:
-            o = py.offsets
-            info.walker = detect.walker_kind(py.minor)
-            info.tss_key = py.tss_key
-            info.tstate_tls = py.tstate_tls if py.tstate_tls is not None else 0
-            info.pthread_specific = py.thread_layout.specific_1stblock
-            for name in ("tstate_frame", "tstate_cframe", "cframe_current_frame",
-                         "tstate_current_frame", "frame_back", "frame_code", "frame_lasti",
-                         "iframe_code", "iframe_previous", "iframe_instr", "iframe_is_entry",
-                         "iframe_owner", "code_code_adaptive"):
-                setattr(info, name, o[name])
-            gil = self._gil_layout(tgt)
-            if gil is not None:
-                info.tstate_interp = o["tstate_interp"]
-                info.interp_ceval_gil = gil.interp_ceval_gil
-                info.gil_holder = gil.holder
-                info.gil_addr = gil.addr
+        fill_proc_info(info, py, tgt.epoch,
+                       self._gil_layout(tgt) if py is not None and py.tstate_found else None)
         table[table.Key(tgt.pid)] = info
         self._publish()
 

@@ -1,0 +1,229 @@
+/* The Python frame walk, shared by the profiler (pyoffcpu.bpf.c) and the
+ * crash watcher (crashes.bpf.c): the current thread's PyThreadState
+ * (current_tstate) and its frames (walk_python), read the same way in both.
+ * Inlined by the loader (its include is marked `inline`: it uses maps,
+ * which bcc rewrites only in the main file).
+ *
+ * The includer provides: pyoffcpu.h, count_drop(idx) (the DROP_* counters),
+ * TASK_FSBASE_OFF (-D, from BTF); ASYNC_TASKS (0 when not defined). */
+#ifndef PYOFFCPU_PYWALK_H
+#define PYOFFCPU_PYWALK_H
+
+#ifndef PY_MASK
+#define PY_MASK (MAX_PY_DEPTH - 1)
+#endif
+
+static __always_inline u64 read_u64(u64 addr, int *failed)
+{
+    u64 v = 0;
+    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0)
+        *failed = 1;
+    return v;
+}
+
+/* The current thread's PyThreadState, as pthread_getspecific(autoTSSkey)
+ * would return it, or from 3.15 the thread-local _Py_tss_gilstate: the
+ * gilstate binding survives while a thread blocks with the GIL released
+ * (3.12+ clear _Py_tss_tstate then; see reference §7).  Both lie at a fixed
+ * distance from the thread pointer (the %fs base, glibc's struct pthread). */
+static __always_inline u64 current_tstate(struct proc_info *pi)
+{
+    int key = pi->tss_key;
+    int specific = pi->pthread_specific;
+    s64 distance;
+    if (key >= 0 && key < 32 && specific >= 0)  /* only glibc's first block of keys */
+        /* struct pthread_key_data { uintptr_t seq; void *data; } specific_1stblock[32] */
+        distance = specific + key * 16 + 8;
+    else if (pi->tstate_tls)
+        distance = pi->tstate_tls;
+    else
+        return 0;
+    u64 task = bpf_get_current_task();
+    u64 fsbase = 0;
+    bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)(task + TASK_FSBASE_OFF));
+    if (!fsbase)
+        return 0;
+    int failed = 0;
+    return read_u64(fsbase + distance, &failed);
+}
+
+static __always_inline u64 first_frame(struct proc_info *pi, u64 tstate, int *failed)
+{
+    if (pi->walker == WALK_FRAMEOBJ)
+        return read_u64(tstate + pi->tstate_frame, failed);
+    if (pi->tstate_cframe >= 0) {
+        u64 cframe = read_u64(tstate + pi->tstate_cframe, failed);
+        if (!cframe)
+            return 0;
+        return read_u64(cframe + pi->cframe_current_frame, failed);
+    }
+    return read_u64(tstate + pi->tstate_current_frame, failed);
+}
+
+static __always_inline u64 mix(u64 h, u64 v)
+{
+    h ^= v;
+    h *= 0x100000001b3ULL;          /* FNV-1a style multiply, per 64-bit word */
+    return h ^ (h >> 29);
+}
+
+/* The fields of a frame the walk needs all lie in its first bytes (3.11
+ * _PyInterpreterFrame: owner at 69, 3.12/3.13: 70, 3.14: 74; <= 3.10
+ * PyFrameObject: f_lasti at 104 at most).  Offsets are masked to 127.
+ *
+ * A bpf_probe_read_user costs about the same for 80 bytes as for 1 KiB
+ * (30 ns; 4 KiB: 67 ns), and from 3.11 on a thread's frames lie one under
+ * the other in its data stack (`previous` at a lower address): the walk
+ * reads from the start of the page of the frame it needs to the frame's
+ * end, and takes the frames below it from that copy while they are in it.
+ * The copy never leaves the frame's page on the low side: a read that
+ * fails costs more than many that do not (the fault path), and the page
+ * under a data-stack chunk is often not mapped.  The bytes are the ones a
+ * read of each frame would give, at the same point of the walk.  <= 3.10
+ * frames are objects on the heap, one read each.  (The native unwinder's
+ * stack_read, bpf/unwind.h, copies the same way, upward.) */
+#define IFRAME_WINDOW 80
+#define FRAMEOBJ_WINDOW 112
+#define PYWIN 4096
+#define FRAME_OFF(off) ((u64)(off) & 127)
+struct frame_win {
+    u64 lo, len;                    /* the copy in b: [lo, lo + len) of the target */
+    u64 below;                      /* a refill starts at f & below */
+    u8 b[PYWIN + 136];
+};
+/* One per CPU is enough: BPF tracing programs do not nest on a CPU. */
+BPF_PERCPU_ARRAY(frame_win, struct frame_win, 1);
+
+/* Do [addr, addr + n) lie in the copy of [lo, lo + len)?  Written so that
+ * nothing wraps around, whatever addr holds. */
+static __always_inline int in_copy(u64 lo, u64 len, u64 addr, u64 n)
+{
+    return len >= n && addr >= lo && addr - lo <= len - n;
+}
+
+/* Walk the Python frames of the current thread into st; returns the stack's
+ * hash (0: no Python frames).
+ *
+ * One loop for every layout: <= 3.10 a PyFrameObject chain (f_back, f_code,
+ * f_lasti; each frame is one _PyEval_EvalFrameDefault call), 3.11+ a
+ * _PyInterpreterFrame chain (previous, f_code / f_executable, instr_ptr,
+ * owner, is_entry).  What differs is chosen before the loop (offsets, the
+ * window's size, a mask `iframes` that picks each field's formula without a
+ * branch), and the hash is mixed as the frames are read: the verifier walks
+ * a bounded loop once per iteration, so every branch or extra loop here is
+ * paid MAX_PY_DEPTH times at every start, and every instruction at every
+ * capture.  A failed read ends the walk; shim frames are recorded like any
+ * other (user space drops them by their owner). */
+static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st, u32 tgid,
+                                       u64 tstate)
+{
+    st->depth = 0;
+    st->flags = 0;
+    st->task_frame = 0;
+    st->tgid = tgid;
+    st->epoch = pi->epoch;
+    if (pi->walker == WALK_NONE || !tstate)
+        return 0;
+    int failed = 0;
+    u64 f = first_frame(pi, tstate, &failed);
+    if (failed) {
+        count_drop(DROP_PY_READ);
+        return 0;
+    }
+    int zero = 0;
+    struct frame_win *win = frame_win.lookup(&zero);
+    if (!win)
+        return 0;
+    u8 *w = win->b;
+    u64 off_code, off_prev, off_instr, off_owner, off_entry, size;
+    u64 iframes;                    /* all ones for 3.11+, 0 for <= 3.10 */
+    if (pi->walker == WALK_FRAMEOBJ) {
+        iframes = 0;
+        size = FRAMEOBJ_WINDOW;
+        off_code = FRAME_OFF(pi->frame_code);
+        off_prev = FRAME_OFF(pi->frame_back);
+        off_instr = FRAME_OFF(pi->frame_lasti);     /* f_lasti, an int */
+        off_owner = off_entry = off_code;           /* unused */
+    } else {
+        iframes = ~0ULL;
+        size = IFRAME_WINDOW;
+        off_code = FRAME_OFF(pi->iframe_code);
+        off_prev = FRAME_OFF(pi->iframe_previous);
+        off_instr = FRAME_OFF(pi->iframe_instr);
+        off_owner = FRAME_OFF(pi->iframe_owner);
+        /* 3.12+ have no is_entry: read the owner byte twice, and ignore it */
+        off_entry = FRAME_OFF(pi->iframe_is_entry >= 0 ? pi->iframe_is_entry : pi->iframe_owner);
+    }
+    /* <= 3.10: every frame is an entry; 3.11: is_entry; 3.12+: none */
+    u32 entry_flag = pi->walker == WALK_ISENTRY ? PYF_ENTRY : 0;
+    u32 frameobj_flags = (u32)~iframes & PYF_ENTRY;
+    s64 adaptive = pi->code_code_adaptive;
+    u64 h = mix(0xcbf29ce484222325ULL ^ tgid, pi->epoch);
+    /* Kept in the map value, not in registers: the verifier then sees the
+     * same unknown values on every path through the loop body, and prunes. */
+    win->below = ~(4095 & iframes);     /* 3.11+: from the frame's page start */
+    win->lo = win->len = 0;
+#if ASYNC_TASKS
+    u64 task_frame = 0;
+#endif
+    u32 i;
+    for (i = 0; i < MAX_PY_DEPTH; i++) {
+        if (!f)
+            break;
+        if (!in_copy(win->lo, win->len, f, size)) {
+            win->lo = f & win->below;
+            u64 n = f + size - win->lo;
+            if (n > PYWIN + 112)
+                n = PYWIN + 112;
+            win->len = n;
+            if (bpf_probe_read_user(w, n, (void *)win->lo) != 0) {
+                st->flags |= PYS_READ_FAILED;
+                break;
+            }
+        }
+        u64 lo = win->lo;
+        u8 *fw = w + ((f - lo) & (PYWIN - 1));
+        u64 code = *(u64 *)(fw + off_code) & ~3ULL; /* 3.14 tags f_executable; code objects are 8-aligned */
+        u64 prev = *(u64 *)(fw + off_prev);
+        u64 instr = *(u64 *)(fw + off_instr);
+        u32 owner = fw[off_owner];
+        u32 is_entry = fw[off_entry];
+        /* 3.11+: bytes into the bytecode; <= 3.10: f_lasti as stored */
+        u32 offset = (u32)((instr - code - adaptive) & iframes) | ((u32)instr & ~(u32)iframes);
+        u32 flags = ((owner | ((is_entry & 1) << 8 & entry_flag)) & (u32)iframes) | frameobj_flags;
+        struct py_frame *pf = &st->frames[i & PY_MASK];
+        pf->code = code;
+        pf->offset = (int)offset;
+        pf->flags = flags;
+        h = mix(h, code);
+        h = mix(h, ((u64)flags << 32) | offset);
+#if ASYNC_TASKS
+        /* owner == FRAME_OWNED_BY_GENERATOR (1, 3.11+), without a branch:
+         * the last one met, walking outwards, is the task's coroutine */
+        u64 x = (u64)((owner ^ 1) & 0xff) | ~iframes;
+        u64 gen_mask = ((x | -x) >> 63) - 1;        /* all ones when x == 0 */
+        task_frame = (f & gen_mask) | (task_frame & ~gen_mask);
+#endif
+        f = prev;
+    }
+    if (f && i >= MAX_PY_DEPTH) {
+        st->flags |= PYS_TRUNCATED;
+        count_drop(DROP_PY_TRUNCATED);
+    }
+    if (st->flags & PYS_READ_FAILED)
+        count_drop(DROP_PY_READ);
+    st->depth = i;
+    if (i == 0)
+        return 0;
+    h = mix(h, st->flags);
+#if ASYNC_TASKS
+    st->task_frame = task_frame;
+    h = mix(h, task_frame);
+#endif
+    if (h == 0)
+        h = 1;
+    st->hash = h;
+    return h;
+}
+
+#endif
