@@ -1,6 +1,6 @@
 """The constants BPF and user space share, read from the BPF headers.
 
-bpf/pyoffcpu.h and bpf/unwind_defs.h are the one source: every
+bpf/pyoffcpu.h, bpf/unwind_defs.h and bpf/crashes.h are the one source: every
 `#define NAME value  /* comment */` there is read here, and so is every
 `struct NAME { ... };`, as a ctypes type (struct_type), so Python never keeps
 a second copy in step by hand.  The maps' key and value types come from the
@@ -33,7 +33,8 @@ def read_defines(name: str) -> Dict[str, Tuple[int, str]]:
 
 
 _DEFS: Dict[str, Tuple[int, str]] = {}
-for _h in ("pyoffcpu.h", "unwind_defs.h"):
+HEADERS = ("pyoffcpu.h", "unwind_defs.h", "crashes.h")   # crashes.h: the crash watcher's
+for _h in HEADERS:
     _DEFS.update(read_defines(_h))
 
 
@@ -190,7 +191,7 @@ def struct_type(name: str) -> type:
     """The ctypes Structure of `struct name` in the BPF headers (natural
     alignment, as clang lays it out for BPF on x86-64)."""
     if not _STRUCTS:
-        for h in ("pyoffcpu.h", "unwind_defs.h"):
+        for h in HEADERS:
             for sname, fields in read_structs(h):
                 cfields = []
                 for ctype, fname, length in fields:

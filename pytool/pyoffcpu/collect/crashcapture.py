@@ -1,0 +1,364 @@
+"""The crash watcher's BPF side (bpf/crashes.bpf.c): at the delivery of a
+fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL), in the thread that
+receives it, BPF copies what is needed to show that thread's stacks once the
+process is gone: registers, the user stack's bytes, the kernel stack, and for
+a registered Python process its frames and the code objects they name (with
+the strings and line tables CodeReader reads).  Here: the load (the
+profiler's loader and cache, bpfload.py), the registrations, and the records
+put back together into CrashEvents.
+
+    cap = CrashCapture(uid=None, pids=None)       # None: every user / process
+    cap.register_python(pid, detect.find_python(pid))
+    for ev in cap.poll(1.0): ...
+    reader = CodeReader(CapturedMemory(ev.memory), pp.minor, pp.offsets, pp.code_type)
+
+Records of one capture come from one CPU, in order (crashes.h); a capture is
+complete at its CR_END record.  One whose records were lost (the perf buffer
+full) is given as far as it came, flagged, once its END is seen or after
+INCOMPLETE_AFTER_S.
+"""
+from __future__ import annotations
+
+import bisect
+import ctypes
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import bpfdefs
+from .bpfdefs import BPF_DIR
+from .maps import bpf_source, fdinfo
+
+V = bpfdefs.value
+CR_MAIN, CR_STACK, CR_PYSTACK, CR_MEM, CR_END = (V(n) for n in ("CR_MAIN", "CR_STACK", "CR_PYSTACK",
+                                                                "CR_MEM", "CR_END"))
+CR_ANY_UID = V("CR_ANY_UID")
+CR_CODE_MAX = V("CR_CODE_MAX")
+CRF = bpfdefs.with_prefix("CRF_")
+# the registers CapturedThread.regs names, from struct pt_regs (offsets from BTF)
+REGS = ("ip", "sp", "bp", "bx", "ax", "orig_ax", "di", "si", "dx", "cx", "r8", "r9", "r10", "r11",
+        "r12", "r13", "r14", "r15", "cs", "flags", "ss")
+PAGE_CNT = 64                       # perf buffer pages per CPU (256 KiB): a deep Python stack's
+                                    # objects and a 32 KiB stack, several crashes at once
+INCOMPLETE_AFTER_S = 2.0            # a capture without its END by then is given as it is
+_BPF_ENABLE_STATS, _BPF_STATS_RUN_TIME = 32, 0
+_T = bpfdefs.struct_type
+
+
+@dataclass
+class CapturedThread:
+    tid: int
+    regs: Dict[str, int]          # 'ip','sp','bp','bx','ax','orig_ax','di','si','dx','r10','r8','r9','cs','fsbase'
+    stack: bytes                  # user stack bytes from regs['sp'] upward ('' when not copied)
+    kernel: List[int]             # kernel stack addresses, innermost first
+    python: Optional[Tuple[List[Tuple[int, int, int]], bool]]   # (frames (code, offset, flags) innermost first, as walker.walk_frames returns them; truncated), None: not walked
+
+
+@dataclass
+class CrashEvent:
+    pid: int
+    tid: int
+    uid: int
+    comm: str
+    sig: int
+    si_code: int
+    addr: int
+    handler: int
+    time_ns: int
+    thread: CapturedThread
+    others: List[CapturedThread]  # other threads' Python stacks (regs {}, stack b"", kernel []), in the interpreter's list order
+    memory: List[Tuple[int, bytes]]   # (address, bytes) ranges copied: the code objects and what they point to
+    flags: int = 0                # CRF_* (bpf/crashes.h): what the capture could not take
+    complete: bool = True         # False: records of it were lost (or its END never came)
+
+
+class CapturedMemory:
+    """ProcessMemory's interface over the ranges a capture copied: a read
+    is answered only when it lies wholly inside one of them."""
+
+    def __init__(self, ranges: Sequence[Tuple[int, bytes]]):
+        self._ranges = sorted(((a, bytes(b)) for a, b in ranges if b), key=lambda r: r[0])
+        self._starts = [a for a, _ in self._ranges]
+        self._longest = max((len(b) for _, b in self._ranges), default=0)
+
+    def read(self, addr: int, size: int) -> bytes:
+        from ..targets.memory import MemoryError_
+        if addr < 0 or size < 0:
+            raise MemoryError_(f"bad read of {size} at {addr:#x}")
+        i = bisect.bisect_right(self._starts, addr) - 1
+        # ranges may overlap (a name inside its code object's span): look back
+        # at every one that starts close enough to hold addr
+        while i >= 0 and addr - self._starts[i] < self._longest:
+            start, data = self._ranges[i]
+            if addr + size <= start + len(data):
+                return data[addr - start:addr - start + size]
+            i -= 1
+        raise MemoryError_(f"read {size} at {addr:#x}: not captured")
+
+    def u64(self, addr: int) -> int:
+        return struct.unpack("<Q", self.read(addr, 8))[0]
+
+    def i64(self, addr: int) -> int:
+        return struct.unpack("<q", self.read(addr, 8))[0]
+
+    def u32(self, addr: int) -> int:
+        return struct.unpack("<I", self.read(addr, 4))[0]
+
+    def i32(self, addr: int) -> int:
+        return struct.unpack("<i", self.read(addr, 4))[0]
+
+    def close(self) -> None:
+        pass
+
+
+def code_layout(pp) -> Dict[str, int]:
+    """crash_layout (bpf/crashes.h) of an interpreter: where CodeReader
+    reads a code object and its str and bytes objects (cpython/code.py),
+    code_span covering every field of the code object it reads."""
+    o = pp.offsets
+    name = o["code_qualname"] if o["code_qualname"] >= 0 else o["code_name"]
+    fields = [(o["object_type"], 8), (name, 8), (o["code_filename"], 8), (o["code_firstlineno"], 4),
+              (o["code_linetable"], 8)]
+    if o["code_firsttraceable"] >= 0:
+        fields.append((o["code_firsttraceable"], 4))
+    span = max(off + size for off, size in fields)
+    for off, _ in fields[1:]:
+        if off < 0 or off + 8 > CR_CODE_MAX:
+            raise ValueError(f"code object field at {off}: out of the copy's reach")
+    return {"code_span": span, "code_name": name, "code_filename": o["code_filename"],
+            "code_linetable": o["code_linetable"], "unicode_length": o["unicode_length"],
+            "unicode_state": o["unicode_state"], "ascii_data": o["ascii_data"],
+            "compact_data": o["compact_data"], "bytes_size": o["bytes_size"],
+            "bytes_data": o["bytes_data"],
+            # the other threads (crash_other)
+            "tstate_interp": o["tstate_interp"], "interp_threads_head": o["interp_threads_head"],
+            "tstate_next": o["tstate_next"], "tstate_native_thread_id": o["tstate_native_thread_id"],
+            "tstate_thread_id": o["tstate_thread_id"], "pthread_tid": pp.thread_layout.tid}
+
+
+def _btf_offsets() -> Tuple[int, Dict[str, int], int]:
+    """(task_struct.thread.fsbase, {register: offset in pt_regs}, sizeof(pt_regs))."""
+    from .btf import member_offsets
+    from .platform import BTF_PATH
+    offs = member_offsets(BTF_PATH, [("task_struct", "thread.fsbase")] + [("pt_regs", r) for r in REGS])
+    regs = dict(zip(REGS, offs[1:]))
+    return offs[0], regs, max(regs.values()) + 8
+
+
+def _frames(py) -> Tuple[List[Tuple[int, int, int]], bool]:
+    """(frames, truncated) of a crash_py record, as walker.walk_frames gives them."""
+    st = py.st
+    return ([(f.code, f.offset, f.flags) for f in st.frames[:st.depth]],
+            bool(st.flags & bpfdefs.PYS_TRUNCATED))
+
+
+class _Pending:
+    """The records of one capture so far."""
+
+    def __init__(self, now: float):
+        self.main = None
+        self.stack = b""
+        self.py = None
+        self.others: list = []      # the other threads' crash_py records, in list order
+        self.memory: List[Tuple[int, bytes]] = []
+        self.end = None
+        self.first_seen = now
+        self.lossy = False
+
+
+class CrashCapture:
+    """The watcher's BPF programs, loaded and attached (see the module's doc)."""
+
+    def __init__(self, uid: Optional[int] = None, pids: Optional[Sequence[int]] = None,
+                 page_cnt: int = PAGE_CNT, cache_dir: Optional[str] = "default"):
+        from . import bpfload, bpfsys
+        fsbase, self._reg_offs, regs_size = _btf_offsets()
+        if regs_size > V("CR_REGS_MAX"):
+            raise bpfsys.BpfError(f"struct pt_regs of {regs_size} bytes: more than the copy holds")
+        ncpus = max(bpfsys.possible_cpus()) + 1
+        cflags = [f"-I{BPF_DIR}", f"-DTASK_FSBASE_OFF={fsbase}", f"-DPT_REGS_SIZE={regs_size}",
+                  f"-DPT_REGS_SP_OFF={self._reg_offs['sp']}", f"-DPT_REGS_CS_OFF={self._reg_offs['cs']}",
+                  f"-DNCPUS={ncpus}"]
+        self.notices: List[str] = []
+        self.bpf = bpfload.load(bpf_source(os.path.join(BPF_DIR, "crashes.bpf.c")), cflags,
+                                preload=[(n, bpfsys.RAW_TRACEPOINT) for n in
+                                         ("crash_signal", "crash_py", "crash_code", "crash_other")],
+                                notices=self.notices, cache_dir=cache_dir)
+        self._stats_fd = -1
+        self.lost = 0                   # perf buffer records lost
+        self._pending: Dict[Tuple[int, int], _Pending] = {}
+        self._done: List[CrashEvent] = []
+        try:
+            progs = self.bpf["progs"]
+            progs[ctypes.c_int(0)] = ctypes.c_int(self.bpf.funcs[b"crash_py"].fd)
+            progs[ctypes.c_int(1)] = ctypes.c_int(self.bpf.funcs[b"crash_code"].fd)
+            progs[ctypes.c_int(2)] = ctypes.c_int(self.bpf.funcs[b"crash_other"].fd)
+            self.set_filter(uid, pids)
+            self.bpf["events"].open_perf_buffer(self._on_record, page_cnt=page_cnt,
+                                                lost_cb=self._on_lost)
+            self._page_cnt = page_cnt
+            self.bpf.attach_raw_tracepoint(tp="signal_deliver", fn_name="crash_signal")
+        except BaseException:
+            self.bpf.cleanup()
+            raise
+
+    # -- what is watched ----------------------------------------------------------------------------
+    def set_filter(self, uid: Optional[int] = None, pids: Optional[Sequence[int]] = None) -> None:
+        """Only this user's processes (None: every user's), only these
+        processes (None: every one)."""
+        # changed in place, never emptied first: a watched process that
+        # crashed while the map was being rewritten would be missed
+        watched = self.bpf["watched"]
+        want = set(pids or ())
+        for pid in want:
+            watched[watched.Key(pid)] = watched.Leaf(1)
+        for k in list(watched.keys()):
+            if k.value not in want:
+                try:
+                    del watched[k]
+                except KeyError:
+                    pass
+        ctl = self.bpf["control"]
+        c = ctl.Leaf()
+        c.uid = CR_ANY_UID if uid is None else uid
+        c.only_watched = int(pids is not None)
+        ctl[ctl.Key(0)] = c
+
+    def register_python(self, pid: int, pp) -> None:
+        """Walk this process's Python frames at its crash (pp: its
+        detect.PythonProcess), as the profiler registers a target."""
+        from ..targets.processes import fill_proc_info
+        lay = code_layout(pp)
+        procs, layouts = self.bpf["procs"], self.bpf["layouts"]
+        info = procs.Leaf()
+        fill_proc_info(info, pp, 0)
+        cl = layouts.Leaf()
+        for k, v in lay.items():
+            setattr(cl, k, v)
+        layouts[layouts.Key(pid)] = cl
+        procs[procs.Key(pid)] = info
+
+    def unregister(self, pid: int) -> None:
+        for name in ("procs", "layouts"):
+            t = self.bpf[name]
+            try:
+                del t[t.Key(pid)]
+            except KeyError:
+                pass
+
+    # -- the captures ------------------------------------------------------------------------------
+    def _on_lost(self, count: int) -> None:
+        self.lost += count
+        for p in self._pending.values():    # which capture lost them is not known: every open one
+            p.lossy = True
+
+    def _on_record(self, cpu, data, size) -> None:
+        raw = ctypes.string_at(data, size)
+        hdr = _T("crash_hdr").from_buffer_copy(raw[:ctypes.sizeof(_T("crash_hdr"))])
+        key = (hdr.id, hdr.tid)
+        p = self._pending.get(key)
+        if p is None:
+            p = self._pending[key] = _Pending(time.monotonic())
+        if hdr.kind == CR_MAIN:
+            p.main = _T("crash_main").from_buffer_copy(raw.ljust(ctypes.sizeof(_T("crash_main")), b"\0"))
+        elif hdr.kind == CR_STACK:
+            off = _T("crash_stack").data.offset
+            p.stack = raw[off:off + hdr.len]
+        elif hdr.kind == CR_PYSTACK:
+            py = _T("crash_py").from_buffer_copy(raw.ljust(ctypes.sizeof(_T("crash_py")), b"\0"))
+            if p.py is None and py.thread == hdr.tid:
+                p.py = py
+            else:
+                p.others.append(py)
+        elif hdr.kind == CR_MEM:
+            off = _T("crash_mem").data.offset
+            addr = struct.unpack_from("<Q", raw, _T("crash_mem").addr.offset)[0]
+            p.memory.append((addr, raw[off:off + hdr.len]))
+        elif hdr.kind == CR_END:
+            p.end = _T("crash_end").from_buffer_copy(raw.ljust(ctypes.sizeof(_T("crash_end")), b"\0"))
+            del self._pending[key]
+            self._finish(p)
+
+    def _finish(self, p: _Pending) -> None:
+        m = p.main
+        if m is None:               # its CR_MAIN was lost: nothing to say who crashed
+            return
+        regs: Dict[str, int] = {}
+        if m.regs_len:
+            rb = bytes(m.regs)
+            regs = {r: struct.unpack_from("<Q", rb, off)[0] for r, off in self._reg_offs.items()}
+        regs["fsbase"] = m.fsbase
+        kernel = list(m.kstack[:max(m.kstack_len, 0) // 8])
+        python = _frames(p.py) if p.py is not None else None
+        others = [CapturedThread(tid=o.thread, regs={}, stack=b"", kernel=[], python=_frames(o))
+                  for o in p.others]
+        flags = (p.end.flags if p.end is not None else 0) | m.flags
+        thread = CapturedThread(tid=m.h.tid, regs=regs, stack=p.stack, kernel=kernel, python=python)
+        self._done.append(CrashEvent(
+            pid=m.h.tgid, tid=m.h.tid, uid=m.uid, comm=bytes(m.comm).split(b"\0")[0].decode(errors="replace"),
+            sig=m.sig, si_code=m.si_code, addr=m.addr, handler=m.handler, time_ns=m.h.id,
+            thread=thread, others=others, memory=p.memory, flags=flags,
+            complete=p.end is not None and not p.lossy))
+
+    def poll(self, timeout_s: float) -> List[CrashEvent]:
+        """The captures completed within timeout_s (returns once there is
+        one and none is half-read, or at the timeout)."""
+        deadline = time.monotonic() + max(timeout_s, 0)
+        while True:
+            left = deadline - time.monotonic()
+            self.bpf.perf_buffer_poll(timeout=max(int(left * 1000), 0))
+            now = time.monotonic()
+            for key, p in list(self._pending.items()):
+                if now - p.first_seen > INCOMPLETE_AFTER_S:
+                    del self._pending[key]
+                    self._finish(p)
+            if (self._done and not self._pending) or now >= deadline:
+                break
+        out, self._done = self._done, []
+        return sorted(out, key=lambda e: e.time_ns)
+
+    # -- costs --------------------------------------------------------------------------------------
+    def enable_stats(self) -> None:
+        """Have the kernel count the programs' run time (BPF_ENABLE_STATS:
+        on while this holds its fd, as kernel.bpf_stats_enabled=1)."""
+        if self._stats_fd >= 0:
+            return
+        from .bpfsys import bpf_call, new_attr
+        a = new_attr()
+        struct.pack_into("<I", a, 0, _BPF_STATS_RUN_TIME)
+        self._stats_fd = bpf_call(_BPF_ENABLE_STATS, a)
+
+    def stats(self) -> Dict[str, Tuple[int, int]]:
+        """program -> (runs, ns) since it was loaded, counted while stats
+        are on (enable_stats, or kernel.bpf_stats_enabled).  crash_signal's
+        include its tail calls': it runs at every signal delivery, so
+        ns / runs is the cost of one signal, fatal or not."""
+        out = {}
+        for name, fn in self.bpf.funcs.items():
+            info = fdinfo(fn.fd)
+            out[name.decode()] = (info.get("run_cnt", 0), info.get("run_time_ns", 0))
+        return out
+
+    def map_memory(self) -> Dict[str, int]:
+        """map -> bytes the kernel charges for it (memlock), and the perf
+        buffer's pages as 'perf buffer (mmap)'."""
+        out = {name: fdinfo(fd).get("memlock", 0) for name, fd in self.bpf._map_fds.items()}
+        from .bpfsys import online_cpus
+        out["perf buffer (mmap)"] = len(online_cpus()) * (self._page_cnt + 1) * os.sysconf("SC_PAGE_SIZE")
+        return out
+
+    def close(self) -> None:
+        if self._stats_fd >= 0:
+            os.close(self._stats_fd)
+            self._stats_fd = -1
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
