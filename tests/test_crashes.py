@@ -101,13 +101,18 @@ def line(marker):
     return source_line("crashes.py", marker)
 
 
-def check_blocked(d, tids):
+def check_blocked(d, tids, core=True):
+    """The thread blocked in acquire(), at its line (and in futex, where its
+    registers are known: a core)."""
+    if not any(t["tid"] == tids["blocked"] for t in d["threads"]):
+        return False
     t = thread(d, tids["blocked"])
-    assert t["syscall"] == "futex"
+    assert t["syscall"] == "futex" or not core
     assert python_frames(t["frames"])[0] == ("blocked_wait", line("BLOCKED_LINE")), t["frames"]
+    return True
 
 
-def check_null(d, tids):
+def check_null(d, tids, core=True):
     f = d["fatal"]
     assert (f["signal"], f["address"], f["tid"], f["code"]) == ("SIGSEGV", 0, tids["main"], 1), f
     assert d["threads"][0]["tid"] == tids["main"]       # the faulting thread first
@@ -119,10 +124,10 @@ def check_null(d, tids):
                                      ("<module>", line("MODULE_LINE"))], frames
     # the native chain lies under the Python frame that called it
     assert frames.index("cf_outer") < frames.index(next(x for x in frames if x.startswith("crash_in_native")))
-    check_blocked(d, tids)
+    assert check_blocked(d, tids, core)
 
 
-def check_abort(d, tids):
+def check_abort(d, tids, core=True):
     f = d["fatal"]
     assert f["signal"] == "SIGABRT" and f["tid"] not in tids.values(), f
     assert d["threads"][0]["tid"] == f["tid"]
@@ -130,9 +135,10 @@ def check_abort(d, tids):
     i = frames.index("abort")
     assert frames[i + 1:i + 4] == ["ab_inner", "ab_middle", "ab_outer"], frames
     assert python_frames(frames) == [("abort_thread", line("ABORT_LINE"))], frames
-    main = python_frames(thread(d, tids["main"])["frames"])
-    assert main[-3:-1] == [("run_case", line("RUN_JOIN_LINE")), ("main", line("MAIN_LINE"))], main
-    check_blocked(d, tids)
+    if core or any(t["tid"] == tids["main"] for t in d["threads"]):
+        main = python_frames(thread(d, tids["main"])["frames"])
+        assert main[-3:-1] == [("run_case", line("RUN_JOIN_LINE")), ("main", line("MAIN_LINE"))], main
+    assert check_blocked(d, tids, core)
 
 
 @pytest.mark.parametrize("case", ["null", "abort"])
@@ -221,3 +227,134 @@ def test_what_is_not_a_core_is_one_line_and_exit_1(tmp_path):
                       (tmp_path / "fifo", "not a regular file"), ("/bin/true", "not a core")):
         res = run_pyoffcpu("dump", "--core", str(path), timeout=20)
         assert res.returncode == 1 and why in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+# -- the watcher: `pyoffcpu crashes` ---------------------------------------------------------------
+class Watcher:
+    """`pyoffcpu crashes -v` running for the module: its stdout (one line per
+    crash) and stderr (what it watches) read by threads into lists."""
+
+    def __init__(self, directory, *args):
+        import threading
+        from conftest import env, pyoffcpu_cmd
+        self.dir = directory
+        self.proc = subprocess.Popen(pyoffcpu_cmd("crashes", "--dir", directory, "-vv", "--rescan", "0.3",
+                                                  *args),
+                                     env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.out, self.err = [], []
+        for stream, into in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            threading.Thread(target=lambda s=stream, i=into: [i.append(ln.rstrip("\n")) for ln in s],
+                             daemon=True).start()
+        self.wait_for(self.err, "for crashes; reports in", 120)
+
+    def wait_for(self, lines, text, timeout=30, after=0):
+        """The first line (from index `after` on) holding text."""
+        import time
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hit = next((ln for ln in list(lines)[after:] if text in ln), None)
+            if hit is not None:
+                return hit
+            assert self.proc.poll() is None, "\n".join(self.err[-20:])
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} in:\n" + "\n".join(lines[-20:]))
+
+    def stop(self):
+        self.proc.send_signal(2)
+        try:
+            return self.proc.wait(timeout=20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def watcher(tmp_path_factory, bpf):
+    w = Watcher(str(tmp_path_factory.mktemp("crashes") / "reports"))
+    yield w
+    assert w.stop() == 0, "\n".join(w.err[-20:])
+
+
+def crash_under_watcher(w, label, so, case):
+    """Starts crashes.py --wait, lets it crash once the watcher watches it;
+    (the report as JSON, its text, the tids)."""
+    interp = CHROOT_INTERPRETERS.get(label)
+    if interp:
+        inner = chroot_workloads(interp.chroot)
+        shutil.copy(so, interp.chroot + inner + "/crash_fixture.so")
+        argv = chroot_cmd(label, inner + "/crashes.py", inner + "/crash_fixture.so", case, "--wait",
+                          proc=True)
+    else:
+        argv = [python_or_skip(label), os.path.join(WORKLOADS, "crashes.py"), so, case, "--wait"]
+    python_or_skip(label)
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    try:
+        tids = {}
+        for ln in p.stdout:
+            if ln.strip() == "ready":
+                break
+            tids[ln.split()[1]] = int(ln.split()[2])
+        ready_at = len(w.err)
+        w.wait_for(w.err, f"watching process {p.pid} (")
+        # a whole scan after `ready`: the mappings it has are the ones it crashes with
+        w.wait_for(w.err, "scanned /proc", after=max(ready_at, w.err.index(
+            w.wait_for(w.err, f"watching process {p.pid} (")) + 1))
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.wait(timeout=30) < 0
+        hit = w.wait_for(w.out, f"crash: process {p.pid} ")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    path = hit.rsplit(" -> ", 1)[1]
+    with open(path[:-len(".txt")] + ".json") as f:
+        return json.load(f), open(path).read(), tids, hit
+
+
+@pytest.mark.parametrize("case", ["null", "abort"])
+@pytest.mark.parametrize("label", LABELS)
+def test_watcher_catches_the_exact_faulting_chain(watcher, label, case, fixture_so):
+    d, text, tids, line_ = crash_under_watcher(watcher, label, fixture_so, case)
+    (check_null if case == "null" else check_abort)(d, tids, core=False)
+    f = d["fatal"]
+    assert f["signal"] in line_ and (f"at {f['address']:#x}" in line_ if case == "null" else True)
+    # the kernel stack of the signalled thread: where it entered the kernel
+    kernel = d["threads"][0]["kernel"]
+    assert "get_signal" in kernel and not any(k.startswith("bpf_prog") for k in kernel), kernel
+    if case == "null":
+        assert kernel[-1] == "asm_exc_page_fault", kernel
+
+
+def test_watcher_reports_the_fault_not_faulthandler(watcher, fixture_so):
+    """With faulthandler on, SIGSEGV goes to its handler, which prints and
+    raises it again: the report is the fault's moment (cf_inner), not the
+    handler's raise, and says a handler ran."""
+    label = "pyenv-3.11"
+    argv = [python_or_skip(label), "-X", "faulthandler", os.path.join(WORKLOADS, "crashes.py"), fixture_so,
+            "null", "--wait"]
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    try:
+        tids = {}
+        for ln in p.stdout:
+            if ln.strip() == "ready":
+                break
+            tids[ln.split()[1]] = int(ln.split()[2])
+        ready_at = len(watcher.err)
+        seen = watcher.err.index(watcher.wait_for(watcher.err, f"watching process {p.pid} ("))
+        watcher.wait_for(watcher.err, "scanned /proc", after=max(ready_at, seen + 1))
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.wait(timeout=30) < 0
+        assert "Fatal Python error: Segmentation fault" in p.stderr.read()
+        hit = watcher.wait_for(watcher.out, f"crash: process {p.pid} ")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    with open(hit.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
+        d = json.load(f)
+    check_null(d, tids, core=False)
+    assert any("a handler of its own ran first" in n for n in d["notes"]), d["notes"]

@@ -292,6 +292,107 @@ def snapshot(directory, pids, match, gpu, duration, frequency, mode, formats, ke
     sys.exit(code)
 
 
+CRASHES_EPILOG = """\b
+Examples:
+  sudo pyoffcpu crashes                          # every Python process, until Ctrl-C
+  sudo pyoffcpu crashes -a                       # every process (native stacks if not Python)
+  sudo pyoffcpu crashes --match 'train|serve' --dir /data/crashes
+  sudo pyoffcpu crashes --print-service          # a systemd unit that keeps it on
+  pyoffcpu crashes --list                        # the crashes recorded in DIR
+
+\b
+At each fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) to a watched
+process, BPF copies the receiving thread's registers, the top of its
+stack, its kernel stack and its Python frames, before the process is gone:
+the report names its native frames (under its exact Python lines) as
+`dump --core` does. Files: DIR/<host>/<YYYY-mm-dd>/<HHMMSS>-<pid>-<name>
+.crash.txt and .crash.json, one entry each in DIR/index.json, retention as
+snapshot's (only files the index lists are deleted); one line per crash
+on stdout (the journal's, under systemd). Costs nothing until a signal:
+BPF runs at signal deliveries only. Exit status: 0, 1 an error, 3
+another watcher holds DIR's lock.
+"""
+
+
+@main.command(epilog=CRASHES_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--dir", "directory", default="/var/lib/pyoffcpu/crashes", show_default=True,
+              metavar="DIR", help="Where the reports and their index go.")
+@click.option("-a", "--all", "all_", is_flag=True,
+              help="Every process, not only Python ones (native and kernel stacks for the others).")
+@click.option("--match", metavar="REGEX", default=None,
+              help="Only the processes whose name or command line matches REGEX.")
+@click.option("--uid", type=int, default=None, metavar="UID", help="Only the processes of this user id.")
+@click.option("--keep-days", type=float, default=30.0, show_default=True,
+              help="Delete the reports (listed in the index) older than this.")
+@click.option("--max-total-mb", type=float, default=512.0, show_default=True,
+              help="Then delete the oldest until the listed files fit in this many MiB.")
+@click.option("--rescan", type=click.FloatRange(0.1, 3600), default=2.0, show_default=True,
+              metavar="SECONDS", help="How often /proc is looked at for new processes.")
+@click.option("--count", type=click.IntRange(1), default=None, metavar="N",
+              help="Stop after N crashes.")
+@click.option("-d", "--duration", type=float, default=None, metavar="SECONDS",
+              help="Stop after this long (default: until Ctrl-C or SIGTERM).")
+@click.option("-v", "--verbose", count=True,
+              help="Say which processes are watched (stderr); -vv: and each scan.")
+@click.option("--print-service", is_flag=True, help="Print a systemd unit for this command, and exit.")
+@click.option("--list", "list_", is_flag=True, help="List the crashes recorded in DIR, and exit.")
+def crashes(directory, all_, match, uid, keep_days, max_total_mb, rescan, count, duration,
+            verbose, print_service, list_):
+    """Catch crashing processes: every thread's Python and native stacks at the fatal signal."""
+    from .commands import crashes as K
+    from .commands.snapshot import Locked, EXIT_LOCKED
+    if match is not None:
+        import re
+        try:
+            re.compile(match)
+        except re.error as e:
+            raise click.BadParameter(f"not a regular expression: {e}", param_hint="--match")
+    if list_:
+        try:
+            rows = K.entries(directory)
+        except ProfilerError as e:
+            fail(e.what, e.todo)
+        for path, e in rows:
+            import time as _t
+            f = e.get("signal") or {}
+            echo(f"{_t.strftime('%Y-%m-%d %H:%M:%S', _t.localtime(e['time']))}  pid {e.get('pid')} "
+                 f"{e.get('name', '')}: {f.get('signal', '?') if isinstance(f, dict) else '?'}  {path}")
+        if not rows:
+            echo(f"no crash recorded in {directory}", err=True)
+        return
+    if print_service:
+        argv = [_own_executable(), "crashes", "--dir", os.path.abspath(directory)]
+        argv += (["-a"] if all_ else []) + (["--match", match] if match else [])
+        argv += (["--uid", str(uid)] if uid is not None else [])
+        argv += ["--keep-days", f"{keep_days:g}", "--max-total-mb", f"{max_total_mb:g}"]
+        echo(K.service_text(argv), nl=False)
+        return
+    from .collect.platform import check_privileges
+    try:
+        check_privileges()
+    except ProfilerError as e:
+        fail(e.what, e.todo)
+    opts = K.CrashOptions(os.path.abspath(directory), all_, match, uid, keep_days, max_total_mb,
+                          rescan, count, duration, verbose)
+
+    def say(line):
+        echo(line)
+        sys.stdout.flush()
+
+    def log(line, level=1):
+        if verbose >= level:
+            echo(f"pyoffcpu: {line}", err=True)
+    try:
+        K.run(opts, say, log, lambda line: echo(f"pyoffcpu: {line}", err=True))
+    except Locked as e:
+        echo(e.line().replace("another snapshot", "another watcher"), err=True)
+        sys.exit(EXIT_LOCKED)
+    except ProfilerError as e:
+        fail(e.what, e.todo)
+    except OSError as e:
+        fail(f"cannot use {directory}: {e.strerror or e}")
+
+
 @main.command(context_settings={"help_option_names": ["-h", "--help"]},
               epilog="\b\nExample:\n  pyoffcpu report /var/lib/pyoffcpu/snapshots   # -> .../report.html")
 @click.argument("directory", type=click.Path(file_okay=False), metavar="DIR")

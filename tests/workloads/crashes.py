@@ -7,7 +7,7 @@ LIBRARY is crash_fixture.c built as a shared library; CASE:
   null    the main thread: main -> run_case -> crash_in_native -> crash_null()
           (cf_outer -> cf_middle -> cf_inner reads through NULL: SIGSEGV)
   abort   a second thread "aborter": abort_thread -> crash_abort()
-          (ab_outer -> ab_middle -> ab_inner -> abort(): SIGABRT);
+          (ab_outer -> ab_middle -> ab_inner -> abort(): SIGABRT), once
           the main thread waits in join_aborter
   divide  the main thread: main -> run_case -> divide_in_native -> crash_divide(0)
 Always: a thread "blocked" waits in blocked_wait on a lock the main thread
@@ -32,12 +32,23 @@ def divide_in_native(lib):
     lib.crash_divide(0)     # DIVIDE_LINE
 
 
-def abort_thread(lib):
+def abort_thread(lib, main_tid):
+    # once the main thread has come to join_aborter and blocks there
+    while not joining or not sleeping(main_tid):
+        pass
     lib.crash_abort()       # ABORT_LINE
 
 
 def join_aborter(t):
     t.join()                # JOIN_LINE
+
+
+joining = False
+
+
+def sleeping(tid):
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
 
 
 def run_case(lib, case):
@@ -46,8 +57,10 @@ def run_case(lib, case):
     elif case == "divide":
         divide_in_native(lib)   # RUN_DIVIDE_LINE
     else:
-        t = threading.Thread(target=abort_thread, args=(lib,), name="aborter")
+        global joining
+        t = threading.Thread(target=abort_thread, args=(lib, threading.get_native_id()), name="aborter")
         t.start()
+        joining = True
         join_aborter(t)         # RUN_JOIN_LINE
 
 
@@ -63,10 +76,8 @@ def main():
     print("tid main", threading.get_native_id(), flush=True)
     print("tid blocked", blocked.native_id, flush=True)
     # the blocked thread is in acquire() once it no longer runs
-    while True:
-        with open(f"/proc/self/task/{blocked.native_id}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "S":
-                break
+    while not sleeping(blocked.native_id):
+        pass
     print("ready", flush=True)
     if len(sys.argv) > 3 and sys.argv[3] == "--wait":
         sys.stdin.readline()

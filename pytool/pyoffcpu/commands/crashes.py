@@ -1,0 +1,484 @@
+"""`pyoffcpu crashes`: a watcher, left on, that catches the crash of any
+Python process (or of every process with -a) as it happens.
+
+BPF (collect/crashcapture.py, bpf/crashes.bpf.c) runs at each signal
+delivery and, for a fatal one (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) to
+a watched process, copies in the receiving thread what its stacks need once
+the process is gone: registers, the top of its stack, its kernel stack,
+its Python frames and the code objects they name.  Here:
+
+- which processes are watched: a scan of /proc every --rescan seconds
+  finds new ones (and images replaced by exec); a Python one is described
+  (cpython/detect.py) and registered so BPF walks its frames; each keeps a
+  copy of its mappings, read again when a scan sees its code change (VmExe,
+  VmLib: a library loaded), because a process that dies without a core is
+  gone before user space hears of it (the copy taken at the crash, when
+  /proc still has it, wins);
+- each capture becomes `dump`'s report (targets/postmortem.py: the same
+  walkers, tables and labels as live stacks), written as text and JSON to
+  `DIR/<host>/<YYYY-mm-dd>/<HHMMSS>-<pid>-<name>.crash.{txt,json}` under
+  the snapshot directory's rules (commands/snapshot.py: a directory of
+  root's, one writer holding DIR/.lock, an index of what was written, and
+  the retention deleting only what the index lists), and one line on
+  stdout: the journal's, under systemd.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..collect.platform import ProfilerError
+from ..targets import postmortem as PM
+from ..targets.procfs import cmdline, comm, read_text
+from . import snapshot as S
+
+DEFAULT_DIR = "/var/lib/pyoffcpu/crashes"
+HANDLED_AFTER_S = 10.0          # a process that runs on this long after its handler ran: handled
+EXTENSIONS = {"txt": ".crash.txt", "json": ".crash.json"}
+LINE_FRAMES = 4                 # native frames named on the journal line
+
+
+@dataclass
+class CrashOptions:
+    dir: str = DEFAULT_DIR
+    all: bool = False           # every process (native stacks for the ones not Python)
+    match: Optional[str] = None
+    uid: Optional[int] = None
+    keep_days: Optional[float] = 30.0
+    max_total_mb: Optional[float] = 512.0
+    rescan_s: float = 2.0
+    count: Optional[int] = None         # stop after this many crashes (tests, one-shot use)
+    duration: Optional[float] = None    # stop after this many seconds
+    verbose: int = 0            # 1: which processes are watched; 2: every scan too
+    host: str = field(default_factory=socket.gethostname)
+
+
+@dataclass
+class Watched:
+    pid: int
+    ident: tuple                # what changes when the process execs
+    name: str
+    cmdline: str
+    pp: object = None           # its PythonProcess (None: native only)
+    maps: list = field(default_factory=list)
+    maps_time: float = 0.0
+    root: Optional[str] = None  # its root directory when not ours (a chroot)
+    registered: bool = False    # in BPF's procs (its Python frames are walked)
+    libs: Optional[Tuple[int, int]] = None  # _code_sizes when maps were read
+
+
+def _ident(pid: int) -> Optional[tuple]:
+    """(executable, start time, stack start) of a process: a new value after
+    an exec (the stack is placed anew) or a reused PID."""
+    from ..targets.procfs import stat_fields
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None                 # a kernel thread, or gone
+    f = stat_fields(f"/proc/{pid}/stat")
+    try:
+        return exe, f[19], f[25]    # starttime (22), startstack (28)
+    except IndexError:
+        return None
+
+
+def _code_sizes(pid: int) -> Optional[Tuple[int, int]]:
+    """(VmExe, VmLib) in kB: the process's executable file mappings (its
+    program's, the libraries'); a library loaded or unloaded changes them.
+    Read at each scan instead of the maps (a few hundred bytes, not the
+    thousands of lines of a large process's maps)."""
+    sizes = {}
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith(("VmExe:", "VmLib:")):
+            try:
+                sizes[line[:5]] = int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return (sizes["VmExe"], sizes["VmLib"]) if len(sizes) == 2 else None
+
+
+def _uid(pid: int) -> Optional[int]:
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("Uid:"):
+            try:
+                return int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+class Watcher:
+    """The scan, the captures and the reports (run() below drives them)."""
+
+    def __init__(self, opts: CrashOptions, capture, say: Callable[[str], None],
+                 log: Callable[..., None]):
+        self.opts, self.cap, self.say, self.log = opts, capture, say, log
+        self.known: Dict[int, Watched] = {}
+        self.ignored: Dict[int, tuple] = {}
+        self.self_pid = os.getpid()
+        self.match = re.compile(opts.match) if opts.match else None
+        self._ksyms = None
+        self.crashes = 0
+        self.held: Dict[int, tuple] = {}    # pid -> (capture, when): delivered to a handler
+
+    # -- which processes ------------------------------------------------------------------------
+    def scan(self) -> None:
+        from ..cpython import detect
+        try:
+            pids = {int(d) for d in os.listdir("/proc") if d.isdigit()}
+        except OSError:
+            return
+        for pid in [p for p in self.known if p not in pids]:
+            self._forget(pid)
+        for pid in [p for p in self.ignored if p not in pids]:
+            del self.ignored[pid]
+        changed = False
+        new: List[Watched] = []
+        for pid in sorted(pids):
+            if pid == self.self_pid:
+                continue
+            ident = _ident(pid)
+            if ident is None:
+                continue
+            w = self.known.get(pid)
+            if w is not None and w.ident == ident:
+                if w.pp is not None and not w.registered:
+                    changed |= self._register(w)
+                libs = _code_sizes(pid)
+                if libs != w.libs:
+                    self.log(f"process {pid}: its code mappings changed (VmExe, VmLib {w.libs} -> "
+                             f"{libs} kB): mappings read again")
+                    self._snapshot_maps(w)
+                continue
+            if self.ignored.get(pid) == ident:
+                continue
+            if w is not None:
+                self._forget(pid)           # exec'd: another image
+            if not self._selected(pid):
+                self.ignored[pid] = ident
+                continue
+            pp = None
+            if detect.may_become_python(pid):
+                try:
+                    pp = detect.find_python(pid)
+                except (detect.NotPython, detect.Unsupported, OSError) as e:
+                    if isinstance(e, detect.Unsupported):
+                        self.log(f"process {pid}: {e}: native stacks only")
+                except Exception as e:                  # noqa: BLE001 - a torn read of a starting process
+                    self.log(f"process {pid}: {type(e).__name__}: {e}")
+            if pp is None and not self.opts.all:
+                self.ignored[pid] = ident
+                continue
+            w = Watched(pid, ident, comm(pid), cmdline(pid)[:200], pp)
+            self._snapshot_maps(w)
+            self.known[pid] = w
+            changed = True
+            if pp is not None:
+                self._register(w)
+            new.append(w)
+        if changed:
+            self._filter()
+        for w in new:           # said once BPF captures its crashes
+            self.log(f"watching process {w.pid} ({w.name}" +
+                     (f", CPython {w.pp.version_str}" if w.pp is not None else ", native") + ")")
+        self.log(f"scanned /proc: {len(self.known)} processes watched", level=2)
+
+    def _selected(self, pid: int) -> bool:
+        if self.opts.uid is not None and _uid(pid) != self.opts.uid:
+            return False
+        if self.match is not None:
+            return bool(self.match.search(comm(pid)) or self.match.search(cmdline(pid)))
+        return True
+
+    def _register(self, w: Watched) -> bool:
+        """Its frames walked by BPF once its thread-state binding is known."""
+        from ..cpython import detect
+        if not w.pp.tstate_found and not detect.refresh_tss(w.pp):
+            return False
+        self.cap.register_python(w.pid, w.pp)
+        w.registered = True
+        return True
+
+    def _forget(self, pid: int) -> None:
+        w = self.known.pop(pid, None)
+        if w is not None and w.registered:
+            self.cap.unregister(pid)
+
+    def _filter(self) -> None:
+        """BPF captures only the watched processes (every one with -a and no
+        --match/--uid: then no lookup at all)."""
+        everything = self.opts.all and self.match is None and self.opts.uid is None
+        self.cap.set_filter(uid=self.opts.uid, pids=None if everything else sorted(self.known))
+
+    def _snapshot_maps(self, w: Watched) -> None:
+        """Its mappings now, and the sizes of its code that tell when to read
+        them again (a library loaded: VmLib grows)."""
+        from ..native import symbols
+        libs = _code_sizes(w.pid)
+        try:
+            w.maps = symbols.read_maps(w.pid)
+            w.root = symbols.target_root(w.pid)
+        except OSError:
+            return
+        w.libs = libs
+        w.maps_time = time.monotonic()
+
+    # -- a crash --------------------------------------------------------------------------------------
+    def handle(self, ev) -> Optional[dict]:
+        """A capture: its report written (its index entry), or held while a
+        handler of the process's own runs.
+
+        A signal delivered to a handler (faulthandler, a crash reporter)
+        may end the process or not.  Its capture is the fault's own moment,
+        kept until the process shows what it does: a default delivery that
+        follows (faulthandler re-raises the signal once it has printed)
+        ends it, and the report is the first capture's; a process that
+        exits meanwhile, too (expire()); one still running HANDLED_AFTER_S
+        later handled it, and nothing is written."""
+        if ev.handler != 0:
+            if ev.pid not in self.held:
+                self.held[ev.pid] = (ev, time.monotonic())
+            return None
+        first = self.held.pop(ev.pid, None)
+        notes = []
+        if first is not None:
+            notes.append(f"a handler of its own ran first ({PM.signal_name(first[0].sig)} "
+                         f"handler at {first[0].handler:#x}, faulthandler's?), then "
+                         f"{PM.signal_name(ev.sig)} ended it: this is the first delivery's moment")
+            ev = first[0]
+        return self._report(ev, notes)
+
+    def expire(self) -> None:
+        """Held captures: a process gone reports its own, one still running
+        after HANDLED_AFTER_S handled its signal."""
+        now = time.monotonic()
+        for pid, (ev, t) in list(self.held.items()):
+            w = self.known.get(pid)
+            gone = _ident(pid) is None or (w is not None and _ident(pid) != w.ident)
+            if gone:
+                del self.held[pid]
+                self._report(ev, [f"its {PM.signal_name(ev.sig)} went to a handler of its own "
+                                  f"(at {ev.handler:#x}), and the process ended"])
+            elif now - t > HANDLED_AFTER_S:
+                del self.held[pid]
+                self.log(f"process {pid}: {PM.signal_name(ev.sig)} handled by its own handler; "
+                         "it runs on: no report")
+
+    def _report(self, ev, notes: List[str]) -> Optional[dict]:
+        d = self.report(ev, notes)
+        entry = self._write(ev, d)
+        self.crashes += 1
+        return entry
+
+    def report(self, ev, notes: Optional[List[str]] = None):
+        from ..collect.crashcapture import CapturedMemory
+        from ..native.unwind.walk import snapshot_reader
+        w = self.known.get(ev.pid)
+        notes = list(notes or [])
+        if w is not None and _ident(ev.pid) == w.ident:
+            self._snapshot_maps(w)          # still there (a core being written): the maps now
+        maps = w.maps if w is not None else []
+        if w is None:
+            notes.append("not seen by a scan before it crashed: no mappings, native frames not named")
+        elif time.monotonic() - w.maps_time > 0.5:
+            notes.append("mappings as read %.1f s before the crash (checked for new libraries "
+                         "every %g s: one loaded since is not named)"
+                         % (time.monotonic() - w.maps_time, self.opts.rescan_s))
+        if not ev.complete:
+            notes.append("part of the capture was lost (the perf buffer was full)")
+        sp = ev.thread.regs.get("sp", 0)
+        t = PM.DeadThread(ev.tid, ev.thread.regs, ev.comm,
+                          stack_reader=snapshot_reader(sp, ev.thread.stack) if ev.thread.stack else None,
+                          python=ev.thread.python, kernel=self._kernel_names(ev.thread.kernel))
+        others = [PM.DeadThread(o.tid, o.regs, "", python=o.python) for o in ev.others]
+        fault = ev.si_code > 0 and ev.si_code != 0x80
+        sender = None if fault else ev.addr & 0xFFFFFFFF     # si_pid, where si_addr lies
+        fatal = PM.Fatal(ev.tid, ev.sig, ev.si_code, ev.addr if fault else None, sender)
+        pp = w.pp if w is not None and w.registered else None
+        why = ""
+        if w is not None and w.pp is not None and not w.registered:
+            why = "its Python frames: CPython had not bound a thread state when it crashed"
+        elif pp is None:
+            why = "not a CPython process: native frames only"
+        name = w.name if w is not None else ev.comm
+        d = PM.build(ev.pid, name, _our_paths(maps, w.root if w else None), CapturedMemory(ev.memory),
+                     [t] + others, fatal, pp, native=True, notes=tuple(notes), python_note=why)
+        if pp is not None:
+            d.notes.extend(pp.notices)
+        d.fatal = fatal.as_dict()
+        return d
+
+    def _kernel_names(self, addrs: List[int]) -> List[str]:
+        from ..native.symbols import KernelSymbols
+        if not addrs:
+            return []
+        if self._ksyms is None:
+            try:
+                self._ksyms = KernelSymbols.load()
+            except OSError:
+                self._ksyms = KernelSymbols([])
+        names = [self._ksyms.resolve(a) or f"{a:#x}" for a in addrs]
+        # the capture's own frames (the BPF program, the tracepoint's runner) first
+        for i, n in enumerate(names):
+            if n.startswith("bpf_trace_run") or n.startswith("__bpf_trace_"):
+                return names[i + 1:]
+        return names
+
+    def _write(self, ev, d) -> Optional[dict]:
+        from ..commands.dump import render_text
+        from ..export import write_bytes_atomic
+        o = self.opts
+        stamp = time.localtime()
+        day = os.path.join(o.host, time.strftime("%Y-%m-%d", stamp))
+        base = f"{time.strftime('%H%M%S', stamp)}-{ev.pid}-{S._safe(d.name)}"
+        files, errors = {}, []
+        try:
+            _make_day(o.dir, day)
+            for fmt, data in (("txt", render_text(d) + "\n"),
+                              ("json", json.dumps(d.as_dict(), indent=1) + "\n")):
+                rel = os.path.join(day, base + EXTENSIONS[fmt])
+                raw = data.encode("utf-8", "replace")
+                write_bytes_atomic(os.path.join(o.dir, rel), raw)
+                inode = os.stat(os.path.join(o.dir, rel), follow_symlinks=False).st_ino
+                files[fmt] = {"path": rel, "bytes": len(raw), "inode": inode}
+        except (OSError, ProfilerError) as e:
+            errors.append(f"cannot write the report: {getattr(e, 'what', None) or e}")
+        w = self.known.get(ev.pid)
+        entry = {"time": time.time(), "host": o.host, "pid": ev.pid, "name": d.name,
+                 "cmdline": w.cmdline if w else "", "python": d.python, "mode": "crash",
+                 "signal": d.fatal, "files": files, "notices": (d.notes + errors)[:10],
+                 "threads": len(d.threads)}
+        self.say(_journal_line(d, files.get("txt", {}).get("path"), o.dir) +
+                 ("; " + errors[0] if errors else ""))
+        if files:
+            index = S.load_index(o.dir)
+            index["entries"].append(entry)
+            S.apply_retention(o.dir, index, o.keep_days, o.max_total_mb, time.time())
+            S.save_index(o.dir, index)
+        return entry
+
+
+def _make_day(directory: str, day: str) -> None:
+    dfd = S._own_dir_fd(directory)
+    try:
+        for name in day.split(os.sep):
+            sub = S._own_dir_fd(directory, name, dir_fd=dfd)
+            os.close(dfd)
+            dfd = sub
+    finally:
+        os.close(dfd)
+
+
+def _our_paths(maps, root: Optional[str]):
+    """The mappings with the paths we open their files by.  /proc/PID/maps
+    names a chroot's files by our paths already (under its directory); a
+    path of its own root is looked for under it.  A file that is no longer
+    the one it mapped (its inode changed) keeps no path, and names no frame."""
+    import dataclasses
+    out = []
+    for m in maps:
+        if m.is_file:
+            p = m.path
+            if root and not root.startswith("/proc/") and not p.startswith(root.rstrip("/") + "/"):
+                p = PM.host_path(p, root)
+            try:
+                same = os.stat(p).st_ino == m.inode
+            except OSError:
+                same = False
+            m = dataclasses.replace(m, path=p) if same else dataclasses.replace(m, path="", inode=0)
+        out.append(m)
+    return out
+
+
+def _journal_line(d, rel: Optional[str], directory: str) -> str:
+    t = d.threads[0] if d.threads else None
+    where = ""
+    if t is not None and t.frames:
+        py = next((f for f in t.frames if f.endswith(")") and " (" in f), None)
+        where = " in " + " <- ".join(t.frames[:LINE_FRAMES])
+        if py and py not in t.frames[:LINE_FRAMES]:
+            where += f" ... {py}"
+    f = d.fatal or {}
+    what = f.get("signal", "?") + (f" at {f['address']:#x}" if f.get("address") is not None else "")
+    out = f"crash: process {d.pid} ({d.name}) thread {f.get('tid')}: {what}{where}"
+    return out + (f" -> {os.path.join(directory, rel)}" if rel else "")
+
+
+def run(opts: CrashOptions, say: Callable[[str], None], log: Callable[..., None],
+        note: Callable[[str], None]) -> int:
+    """Watch until SIGINT/SIGTERM (or --count/--duration); 0, or raises
+    ProfilerError / S.Locked.  say: a crash's line (stdout); log(line,
+    level=1): what -v (-vv: level 2) tells; note: what is always told on
+    stderr."""
+    from ..collect.crashcapture import CrashCapture
+    S.check_dir(opts.dir)
+    stop = []
+
+    def on_signal(signum, frame):
+        stop.append(signum)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with S.DirLock(opts.dir):
+            cap = CrashCapture(uid=opts.uid, pids=[])
+            try:
+                w = Watcher(opts, cap, say, log)
+                w.scan()
+                n_py = sum(1 for x in w.known.values() if x.pp is not None)
+                note(f"watching {len(w.known)} processes ({n_py} Python) for crashes; "
+                     f"reports in {opts.dir}")
+                start = next_scan = time.monotonic()
+                while not stop:
+                    for ev in cap.poll(0.5):
+                        w.handle(ev)
+                    w.expire()
+                    if opts.count is not None and w.crashes >= opts.count:
+                        break
+                    now = time.monotonic()
+                    if opts.duration is not None and now - start >= opts.duration:
+                        break
+                    if now >= next_scan:
+                        w.scan()
+                        next_scan = now + opts.rescan_s
+            finally:
+                cap.close()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0
+
+
+def service_text(argv: List[str]) -> str:
+    import shlex
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    return f"""\
+# systemd: /etc/systemd/system/pyoffcpu-crashes.service
+[Unit]
+Description=pyoffcpu crash watcher: Python and native stacks of crashing processes
+
+[Service]
+ExecStart={cmd}
+Restart=on-failure
+Nice=5
+
+[Install]
+WantedBy=multi-user.target
+
+# then: sudo systemctl daemon-reload && sudo systemctl enable --now pyoffcpu-crashes
+# one line per crash: journalctl -u pyoffcpu-crashes
+"""
+
+
+def entries(directory: str) -> List[Tuple[str, dict]]:
+    """(text path, entry) of the crashes the index lists, newest last."""
+    index = S.load_index(directory)
+    out = []
+    for e in sorted(index["entries"], key=lambda e: e.get("time", 0)):
+        if e.get("mode") == "crash" and "txt" in e.get("files", {}):
+            out.append((os.path.join(directory, e["files"]["txt"]["path"]), e))
+    return out
