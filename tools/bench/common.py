@@ -294,6 +294,7 @@ class Results:
     torch: Optional[dict] = None                # case 15
     py315: Optional[dict] = None                # case 16
     asyncio: Optional[dict] = None              # case 17
+    crashes: Optional[dict] = None              # case 18
     notes: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
 

@@ -38,6 +38,9 @@ Cases (numbers as in issue #5):
  17 asyncio (issue 27, tools/bench/case_async.py): an asyncio loop on 3.15 (a worker
     task beside a ticker, a queue and 200 waiting tasks), its slowdown under pyoffcpu
     --async and under 3.15's sampler in its async-aware mode (--async-mode all)
+ 18 the crash watcher (issue 29, tools/bench/case_crashes.py): a CPU-bound process beside
+    `pyoffcpu crashes -a` (A/B and A/A pairs), BPF ns per signal delivered and per
+    fatal one (the whole capture), its maps' memory
  12 system-wide: `pyoffcpu -a --mode cpu -F 99` beside 50 Python processes of 5
     interpreters (tools/bench/fleet.py: idle, busy, short-lived): its own CPU
     over a 10 s window, peak RSS, time to `recording`, how many it found with
@@ -219,6 +222,12 @@ def targets_summary(res: Results) -> List[List[str]]:
             rows.append([f"case 12: {ALL_LABEL}, a CPU-bound process beside it, median B/A",
                          f"<= {ALL_SLOWDOWN_MAX:.2f}", fmt_num(ab["ratio_median"]),
                          verdict(ab["ratio_median"], ALL_SLOWDOWN_MAX)])
+    if res.crashes and res.crashes.get("ab"):
+        import case_crashes
+        ab = res.crashes["ab"]
+        rows.append([f"case 18: {case_crashes.CRASH_LABEL}, a CPU-bound process beside it, median B/A",
+                     f"<= {case_crashes.CRASH_SLOWDOWN_MAX:.2f}", fmt_num(ab["ratio_median"]),
+                     verdict(ab["ratio_median"], case_crashes.CRASH_SLOWDOWN_MAX)])
     return rows
 
 
@@ -326,6 +335,9 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
     if res.asyncio:
         import case_async
         out.extend(case_async.render_async(res.asyncio))
+    if res.crashes:
+        import case_crashes
+        out.extend(case_crashes.render_crashes(res.crashes))
     if res.notes:
         out.append("## Notes\n")
         out.extend(f"- {n}" for n in res.notes)
@@ -360,7 +372,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 7)))
     ap.add_argument("--work-s", type=float, default=float(os.environ.get("BENCH_WORK_S", 1.0)))
     ap.add_argument("--long-s", type=float, default=float(os.environ.get("BENCH_LONG_S", 60)))
-    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15,16,17"),
+    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15,16,17,18"),
                     help="comma-separated subset of 1-7 and 9-12 (8 comes with 1-4)")
     ap.add_argument("--threadserver-s", type=float,
                     default=float(os.environ["BENCH_THREADSERVER_S"]) if os.environ.get("BENCH_THREADSERVER_S")
@@ -525,6 +537,10 @@ def main():
             res.asyncio = chroot_case(res, "17", "asyncio on 3.15, --async beside its sampler",
                                       case_async.available,
                                       lambda: case_async.async_case(tools, args.pairs, args.work_s))
+        if "18" in cases:
+            log(f"case 18: the crash watcher, {args.pairs} pairs")
+            import case_crashes
+            case_crashes.crashes_case(tools, res, args.pairs, args.work_s)
         if "15" in cases:
             log("case 15: PyTorch as it is run")
             import case_torch

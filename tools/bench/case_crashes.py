@@ -1,0 +1,186 @@
+"""Case 18: the crash watcher (`pyoffcpu crashes -a`, issue 29): what it costs
+while nothing crashes, and its BPF time per signal.
+
+- A/B pairs of a CPU-bound process (workloads.py cpu) alone (A) and beside
+  the watcher (B), each followed by an A/A pair of the same process: the
+  verdict is the median B/A (>= 0.99 of its speed alone: B/A <= 1.01).
+- BPF ns per signal (kernel.bpf_stats_enabled, the watcher's programs):
+  a process that sends itself SIGUSR1 SIGNALS times (caught: the program
+  runs and returns at its first test), then CRASHES crashes of the crash
+  fixture (tests/workloads/crash_fixture.c from crashes.py: the whole
+  capture, its tail calls included), and the watcher's map memory.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from typing import List
+
+from harness import Pairs, fmt_ratio_range, markdown_table, prog_delta, verdict
+
+import bpfstats
+from common import HERE, Profiler, Proc, Results, Tools, Worker, log
+from case_allprocs import ALL_REPEATS, _repeats
+from case_slowdown import calibrate, profiled_run
+
+CRASH_LABEL = "pyoffcpu crashes -a"
+CRASH_SLOWDOWN_MAX = 1.01
+SIGNALS = 100_000
+CRASHES = 5
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WORKLOADS = os.path.join(ROOT, "tests", "workloads")
+READY = r"^pyoffcpu: watching \d+ processes"
+SIGNAL_STORM = r"""
+import os, signal, sys
+signal.signal(signal.SIGUSR1, lambda *a: None)
+n = int(sys.argv[1])
+me = os.getpid()
+for _ in range(n):
+    os.kill(me, signal.SIGUSR1)
+"""
+
+
+def crashes_case(tools: Tools, res: Results, pairs: int, work_s: float):
+    out = {"pairs": pairs}
+    try:
+        per_signal(tools, out)
+    except Exception as e:                              # noqa: BLE001
+        res.errors.append(f"case 18 per signal: {e}")
+        log(f"case 18 per signal: FAILED: {e}")
+    if pairs > 0:
+        try:
+            watcher_pairs(tools, res, out, pairs, work_s)
+        except Exception as e:                          # noqa: BLE001
+            res.errors.append(f"case 18 pairs: {e}")
+            log(f"case 18 pairs: FAILED: {e}")
+    if out.get("ab") or out.get("signals"):
+        res.crashes = out
+
+
+def _watcher(tools: Tools, directory: str) -> Proc:
+    p = Proc(tools.pyoffcpu + ["crashes", "-a", "--dir", directory], env=tools.env)
+    p.wait_err(READY, 180)
+    return p
+
+
+def per_signal(tools: Tools, out: dict):
+    sysctl = bpfstats.StatsSysctl()
+    if not sysctl.on():
+        raise RuntimeError("kernel.bpf_stats_enabled cannot be set")
+    directory = os.path.join(tools.outdir, "c18-crashes")
+    so = os.path.join(tools.outdir, "crash_fixture.so")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", so, os.path.join(WORKLOADS, "crash_fixture.c")],
+                   check=True)
+    p = _watcher(tools, directory)
+    try:
+        stats = bpfstats.ProgStats(p.pid)
+        before = stats.read()
+        t0 = time.monotonic()
+        subprocess.run([tools.python, "-c", SIGNAL_STORM, str(SIGNALS)], check=True, timeout=600)
+        storm_s = time.monotonic() - t0
+        mid = stats.read()
+        crashed = 0
+        for i in range(CRASHES):
+            r = subprocess.run([tools.python, os.path.join(WORKLOADS, "crashes.py"), so,
+                                "null" if i % 2 == 0 else "abort"], capture_output=True, text=True,
+                               timeout=60)
+            crashed += r.returncode < 0
+        time.sleep(1.0)
+        after = stats.read()
+        maps = _map_memory(p.pid)
+    finally:
+        p.interrupt()
+        p.wait(60)
+        sysctl.off()
+    storm, fatal = prog_delta(before, mid), prog_delta(mid, after)
+    total = lambda d: (sum(c for c, _ in d.values()), sum(n for _, n in d.values()))  # noqa: E731
+    entry = [k for k in storm if "signal" in k] or list(storm)
+    s_cnt = sum(storm[k][0] for k in entry)
+    s_ns = sum(storm[k][1] for k in entry)
+    f_runs = sum(fatal[k][0] for k in entry)
+    out["signals"] = {"sent": SIGNALS, "runs": s_cnt, "ns_per_signal": s_ns / max(s_cnt, 1),
+                      "storm_s": storm_s, "crashes": crashed, "fatal_runs": f_runs,
+                      "fatal_ns_total": total(fatal)[1], "programs": {k: list(v) for k, v in fatal.items()},
+                      "map_bytes": maps}
+    reports = len([f for _, _, fs in os.walk(directory) for f in fs if f.endswith(".crash.txt")])
+    out["signals"]["reports"] = reports
+    log(f"case 18: {s_cnt} runs for {SIGNALS} SIGUSR1: {s_ns / max(s_cnt, 1):.0f} ns each; "
+        f"{crashed} crashes, {reports} reports, {total(fatal)[1] / max(crashed, 1):.0f} ns of BPF per crash; "
+        f"maps {maps / 1024:.0f} KiB")
+
+
+def _map_memory(pid: int) -> int:
+    n = 0
+    for fd in bpfstats._bpf_fds(pid, "bpf-map"):
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                m = re.search(r"^memlock:\s+(\d+)", f.read(), re.M)
+        except OSError:
+            continue
+        n += int(m.group(1)) if m else 0
+    return n
+
+
+def watcher_pairs(tools: Tools, res: Results, out: dict, pairs: int, work_s: float):
+    n = calibrate(tools, "cpu", 2000, work_s)
+    k = ALL_REPEATS
+    n_rep = max(1, n // k)
+    directory = os.path.join(tools.outdir, "c18-pairs")
+    prof = Profiler(CRASH_LABEL, lambda _pid, o: tools.pyoffcpu + ["crashes", "-a", "--dir", directory],
+                    READY, True)
+    ab, aa = Pairs(), Pairs()
+    for i in range(pairs):
+        order = "AB" if i % 2 == 0 else "BA"
+        w = Worker(tools.python, "cpu")
+        try:
+            w.run(max(1, n // 5))
+
+            def a():
+                return _repeats(w, n_rep, k)
+
+            def b():
+                tb, xb, _ = profiled_run(tools, prof, 0, a, f"c18-pair-{i}")
+                return tb, xb
+            if order == "AB":
+                ta, xa = a()
+                tb, xb = b()
+            else:
+                tb, xb = b()
+                ta, xa = a()
+            ab.add(ta, tb, cpu=(xa["cpu_s"], xb["cpu_s"]), wait=(xa["rq_s"], xb["rq_s"]))
+            (t1, x1), (t2, x2) = a(), a()
+            aa.add(t1, t2, cpu=(x1["cpu_s"], x2["cpu_s"]), wait=(x1["rq_s"], x2["rq_s"]))
+            log(f"case 18 pair {i + 1}/{pairs} {order}: A {ta:.3f}s B {tb:.3f}s ratio {tb / ta:.3f}; "
+                f"A/A {t2 / t1:.3f}; watcher CPU {xb.get('profiler_cpu_s', 0):.3f}s")
+            out.setdefault("watcher_cpu_s", []).append(xb.get("profiler_cpu_s", 0))
+        except Exception as e:                                  # noqa: BLE001
+            ab.failures.append(str(e))
+            res.errors.append(f"case 18 pair {i + 1}: {e}")
+        finally:
+            w.close()
+    out["n_work"] = n_rep * k
+    out["ab"] = {**ab.summary(), "failures": len(ab.failures)}
+    out["aa"] = aa.summary()
+
+
+def render_crashes(d: dict) -> List[str]:
+    out = ["## The crash watcher (case 18): `pyoffcpu crashes -a`\n"]
+    rows = []
+    ab = d.get("ab")
+    if ab:
+        rows.append(["a CPU-bound process beside it, median B/A", f"<= {CRASH_SLOWDOWN_MAX:.2f}",
+                     f"{ab['ratio_median']:.3f} ({fmt_ratio_range(ab['ratio_min'], ab['ratio_max'])}; "
+                     f"A/A {d['aa']['ratio_median']:.3f})",
+                     verdict(ab["ratio_median"], CRASH_SLOWDOWN_MAX)])
+    s = d.get("signals")
+    if s:
+        rows.append([f"BPF ns per signal delivered (SIGUSR1 x {s['sent']:,})", "—",
+                     f"{s['ns_per_signal']:.0f} ({s['runs']:,} runs)", ""])
+        rows.append([f"BPF ns per fatal signal, the whole capture ({s['crashes']} crashes, "
+                     f"{s['reports']} reports)", "—",
+                     f"{s['fatal_ns_total'] / max(s['crashes'], 1):,.0f}", ""])
+        rows.append(["its BPF maps (memlock)", "—", f"{s['map_bytes'] / 1024:,.0f} KiB", ""])
+    out.append(markdown_table(["what", "target", "measured", ""], rows, "lrrl"))
+    return out
