@@ -358,3 +358,59 @@ def test_watcher_reports_the_fault_not_faulthandler(watcher, fixture_so):
         d = json.load(f)
     check_null(d, tids, core=False)
     assert any("a handler of its own ran first" in n for n in d["notes"]), d["notes"]
+
+
+def test_watcher_all_gives_a_native_crash_its_native_stack(tmp_path, bpf):
+    """`crashes -a`: a C program (no Python) that crashes gets its native
+    chain, its kernel stack, and no Python part."""
+    src = tmp_path / "native_wait.c"
+    src.write_text("#include <stdio.h>\n"
+                   "__attribute__((noipa)) int nw_leaf(volatile int *p) { return *p; }\n"
+                   "__attribute__((noipa)) int nw_caller(volatile int *p) { int r = nw_leaf(p); "
+                   "__asm__ volatile(\"\"); return r; }\n"
+                   "int main(void) { char b[8]; puts(\"ready\"); fflush(stdout); "
+                   "if (!fgets(b, sizeof b, stdin)) return 2; int r = nw_caller(0); "
+                   "__asm__ volatile(\"\"); return r; }\n")
+    exe = tmp_path / "native_wait"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
+    w = Watcher(str(tmp_path / "reports"), "-a")
+    try:
+        p = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            ready_at = len(w.err)
+            seen = w.err.index(w.wait_for(w.err, f"watching process {p.pid} (native_wait, native)"))
+            w.wait_for(w.err, "scanned /proc", after=max(ready_at, seen + 1))
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            assert p.wait(timeout=30) == -11
+            hit = w.wait_for(w.out, f"crash: process {p.pid} ")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    finally:
+        assert w.stop() == 0
+    with open(hit.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
+        d = json.load(f)
+    assert d["python"] == "" and any("not a CPython process" in n for n in d["notes"]), d["notes"]
+    assert len(d["threads"]) == 1 and d["fatal"]["address"] == 0
+    frames = d["threads"][0]["frames"]
+    assert frames[:3] == ["nw_leaf", "nw_caller", "main"], frames
+    assert not python_frames(frames)
+    assert d["threads"][0]["kernel"][-1] == "asm_exc_page_fault"
+
+
+def test_a_library_gone_since_the_crash_is_named_in_a_note(tmp_path, core_pattern):
+    so = build_fixture(tmp_path / "crash_fixture.so")
+    core, tids, _ = make_core("pyenv-3.11", so, "null", core_pattern)
+    try:
+        os.unlink(so)
+        d = dump_core(core)
+        assert any(n.startswith("not on this machine") and so in n for n in d["notes"]), d["notes"]
+        frames = thread(d, tids["main"])["frames"]
+        assert not any(x.startswith("cf_") for x in frames), frames
+        assert python_frames(frames)[0] == ("crash_in_native", line("NULL_LINE")), frames
+    finally:
+        os.unlink(core)

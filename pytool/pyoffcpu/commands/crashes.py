@@ -71,6 +71,7 @@ class Watched:
     root: Optional[str] = None  # its root directory when not ours (a chroot)
     registered: bool = False    # in BPF's procs (its Python frames are walked)
     libs: Optional[Tuple[int, int]] = None  # _code_sizes when maps were read
+    checked: float = 0.0        # when a scan last found them the same
 
 
 def _ident(pid: int) -> Optional[tuple]:
@@ -151,6 +152,7 @@ class Watcher:
                 if w.pp is not None and not w.registered:
                     changed |= self._register(w)
                 libs = _code_sizes(pid)
+                w.checked = time.monotonic()
                 if libs != w.libs:
                     self.log(f"process {pid}: its code mappings changed (VmExe, VmLib {w.libs} -> "
                              f"{libs} kB): mappings read again")
@@ -227,7 +229,7 @@ class Watcher:
         except OSError:
             return
         w.libs = libs
-        w.maps_time = time.monotonic()
+        w.maps_time = w.checked = time.monotonic()
 
     # -- a crash --------------------------------------------------------------------------------------
     def handle(self, ev) -> Optional[dict]:
@@ -287,9 +289,8 @@ class Watcher:
         if w is None:
             notes.append("not seen by a scan before it crashed: no mappings, native frames not named")
         elif time.monotonic() - w.maps_time > 0.5:
-            notes.append("mappings as read %.1f s before the crash (checked for new libraries "
-                         "every %g s: one loaded since is not named)"
-                         % (time.monotonic() - w.maps_time, self.opts.rescan_s))
+            notes.append("mappings as checked %.1f s before the crash (a library loaded after "
+                         "that is not named)" % (time.monotonic() - w.checked))
         if not ev.complete:
             notes.append("part of the capture was lost (the perf buffer was full)")
         sp = ev.thread.regs.get("sp", 0)

@@ -163,7 +163,7 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
             if nr == D.SYS_FUTEX:
                 d.lock = D.futex_owner(mem, pid, t.regs.get("di", 0), tids, gil_addr, out.gil_holder)
         elif not t.regs:
-            d.state, d.state_text = "?", "registers not captured"
+            d.state, d.state_text = "?", "its Python frames at the crash (no registers: no native frames)"
         d.kernel = list(t.kernel)
         frames = t.python
         if frames is None and t.tid in states:
