@@ -212,6 +212,22 @@ static __always_inline void after_thread(void *ctx, struct crash_state *s)
     send_end(ctx, s);
 }
 
+/* A thread's frames sent; then the objects they name (crash_code), or
+ * the next thread. */
+static __always_inline void send_frames(void *ctx, struct crash_state *s, struct crash_py *p)
+{
+    events.perf_submit(ctx, p, sizeof(*p));
+    s->frame = 0;
+    s->obj = 0;
+    if (p->st.depth) {
+        progs.call(ctx, 1);         /* crash_code */
+        s->flags |= CRF_CODE_CALL;  /* the tail call failed */
+        send_end(ctx, s);
+        return;
+    }
+    after_thread(ctx, s);
+}
+
 /* The thread's Python frames, then the objects they name. */
 int crash_py(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -232,17 +248,10 @@ int crash_py(struct bpf_raw_tracepoint_args *ctx)
     p->thread = s->tid;
     p->tstate = current_tstate(pi);
     walk_python(pi, &p->st, tgid, p->tstate);
-    events.perf_submit(ctx, p, sizeof(*p));
     s->self_ts = p->tstate;
     s->next_ts = thread_list(s, p->tstate);
     s->others = 0;
-    if (p->st.depth) {
-        progs.call(ctx, 1);         /* crash_code */
-        s->flags |= CRF_CODE_CALL;
-        send_end(ctx, s);
-        return 0;
-    }
-    after_thread(ctx, s);
+    send_frames(ctx, s, p);
     return 0;
 }
 
@@ -284,16 +293,7 @@ int crash_other(struct bpf_raw_tracepoint_args *ctx)
     p->thread = tid;
     p->tstate = ts;
     walk_python(pi, &p->st, tgid, ts);
-    events.perf_submit(ctx, p, sizeof(*p));
-    s->frame = 0;
-    s->obj = 0;
-    if (p->st.depth) {
-        progs.call(ctx, 1);         /* crash_code */
-        s->flags |= CRF_CODE_CALL;
-        send_end(ctx, s);
-        return 0;
-    }
-    after_thread(ctx, s);
+    send_frames(ctx, s, p);
     return 0;
 }
 

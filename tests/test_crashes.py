@@ -259,6 +259,41 @@ class Watcher:
             time.sleep(0.05)
         raise AssertionError(f"no {text!r} in:\n" + "\n".join(lines[-20:]))
 
+    def crash(self, argv, watched_as=""):
+        """Runs argv (a program that prints `ready`, then crashes once a line
+        comes on stdin) without a core; lets it crash once the watcher
+        watches it and a whole scan has passed since `ready` (the mappings
+        it has are the ones it crashes with).  {"before": its lines before
+        `ready`, "returncode", "stderr", "line": the journal line, "report":
+        the JSON report, "text": the text one}."""
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+        try:
+            before = []
+            for ln in p.stdout:
+                if ln.strip() == "ready":
+                    break
+                before.append(ln.strip())
+            ready_at = len(self.err)
+            seen = self.err.index(self.wait_for(self.err, f"watching process {p.pid} ({watched_as}"))
+            self.wait_for(self.err, "scanned /proc", after=max(ready_at, seen + 1))
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            rc = p.wait(timeout=30)
+            line = self.wait_for(self.out, f"crash: process {p.pid} ")
+            stderr = p.stderr.read()
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        path = line.rsplit(" -> ", 1)[1]
+        with open(path[:-len(".txt")] + ".json") as f:
+            report = json.load(f)
+        with open(path) as f:
+            text = f.read()
+        return {"before": before, "returncode": rc, "stderr": stderr, "line": line, "report": report,
+                "text": text}
+
     def stop(self):
         self.proc.send_signal(2)
         try:
@@ -276,8 +311,8 @@ def watcher(tmp_path_factory, bpf):
 
 
 def crash_under_watcher(w, label, so, case):
-    """Starts crashes.py --wait, lets it crash once the watcher watches it;
-    (the report as JSON, its text, the tids)."""
+    """crashes.py --wait under the watcher: (the report as JSON, its text,
+    the tids, the journal line)."""
     interp = CHROOT_INTERPRETERS.get(label)
     if interp:
         inner = chroot_workloads(interp.chroot)
@@ -287,30 +322,10 @@ def crash_under_watcher(w, label, so, case):
     else:
         argv = [python_or_skip(label), os.path.join(WORKLOADS, "crashes.py"), so, case, "--wait"]
     python_or_skip(label)
-    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
-    try:
-        tids = {}
-        for ln in p.stdout:
-            if ln.strip() == "ready":
-                break
-            tids[ln.split()[1]] = int(ln.split()[2])
-        ready_at = len(w.err)
-        w.wait_for(w.err, f"watching process {p.pid} (")
-        # a whole scan after `ready`: the mappings it has are the ones it crashes with
-        w.wait_for(w.err, "scanned /proc", after=max(ready_at, w.err.index(
-            w.wait_for(w.err, f"watching process {p.pid} (")) + 1))
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        assert p.wait(timeout=30) < 0
-        hit = w.wait_for(w.out, f"crash: process {p.pid} ")
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    path = hit.rsplit(" -> ", 1)[1]
-    with open(path[:-len(".txt")] + ".json") as f:
-        return json.load(f), open(path).read(), tids, hit
+    r = w.crash(argv)
+    assert r["returncode"] < 0, r
+    tids = {ln.split()[1]: int(ln.split()[2]) for ln in r["before"] if ln.startswith("tid ")}
+    return r["report"], r["text"], tids, r["line"]
 
 
 @pytest.mark.parametrize("case", ["null", "abort"])
@@ -331,33 +346,12 @@ def test_watcher_reports_the_fault_not_faulthandler(watcher, fixture_so):
     """With faulthandler on, SIGSEGV goes to its handler, which prints and
     raises it again: the report is the fault's moment (cf_inner), not the
     handler's raise, and says a handler ran."""
-    label = "pyenv-3.11"
-    argv = [python_or_skip(label), "-X", "faulthandler", os.path.join(WORKLOADS, "crashes.py"), fixture_so,
-            "null", "--wait"]
-    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
-    try:
-        tids = {}
-        for ln in p.stdout:
-            if ln.strip() == "ready":
-                break
-            tids[ln.split()[1]] = int(ln.split()[2])
-        ready_at = len(watcher.err)
-        seen = watcher.err.index(watcher.wait_for(watcher.err, f"watching process {p.pid} ("))
-        watcher.wait_for(watcher.err, "scanned /proc", after=max(ready_at, seen + 1))
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        assert p.wait(timeout=30) < 0
-        assert "Fatal Python error: Segmentation fault" in p.stderr.read()
-        hit = watcher.wait_for(watcher.out, f"crash: process {p.pid} ")
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    with open(hit.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
-        d = json.load(f)
-    check_null(d, tids, core=False)
-    assert any("a handler of its own ran first" in n for n in d["notes"]), d["notes"]
+    r = watcher.crash([python_or_skip("pyenv-3.11"), "-X", "faulthandler",
+                       os.path.join(WORKLOADS, "crashes.py"), fixture_so, "null", "--wait"])
+    assert r["returncode"] < 0 and "Fatal Python error: Segmentation fault" in r["stderr"], r
+    tids = {ln.split()[1]: int(ln.split()[2]) for ln in r["before"]}
+    check_null(r["report"], tids, core=False)
+    assert any("a handler of its own ran first" in n for n in r["report"]["notes"]), r["report"]["notes"]
 
 
 def test_watcher_all_gives_a_native_crash_its_native_stack(tmp_path, bpf):
@@ -375,25 +369,11 @@ def test_watcher_all_gives_a_native_crash_its_native_stack(tmp_path, bpf):
     subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
     w = Watcher(str(tmp_path / "reports"), "-a")
     try:
-        p = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
-        try:
-            assert p.stdout.readline().strip() == "ready"
-            ready_at = len(w.err)
-            seen = w.err.index(w.wait_for(w.err, f"watching process {p.pid} (native_wait, native)"))
-            w.wait_for(w.err, "scanned /proc", after=max(ready_at, seen + 1))
-            p.stdin.write("go\n")
-            p.stdin.flush()
-            assert p.wait(timeout=30) == -11
-            hit = w.wait_for(w.out, f"crash: process {p.pid} ")
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        r = w.crash([str(exe)], watched_as="native_wait, native")
     finally:
         assert w.stop() == 0
-    with open(hit.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
-        d = json.load(f)
+    assert r["returncode"] == -11
+    d = r["report"]
     assert d["python"] == "" and any("not a CPython process" in n for n in d["notes"]), d["notes"]
     assert len(d["threads"]) == 1 and d["fatal"]["address"] == 0
     frames = d["threads"][0]["frames"]

@@ -243,19 +243,22 @@ def _repeats(w: Worker, n: int, k: int) -> Tuple[float, dict]:
     return sum(ts), {"fastest": min(ts), "cpu_s": cpu, "rq_s": rq}
 
 
-def allprocs_pairs(tools: Tools, res: Results, out: dict, pairs: int, work_s: float):
-    """A/B pairs of a CPU-bound process (workloads.py cpu) beside `pyoffcpu -a`,
-    each followed by an A/A pair of the same process (both alone). Each A or
-    B is ALL_REPEATS runs of a fifth of the work: its time is their total
-    (the verdict's), and the fastest of them is kept too."""
+def allprocs_pairs(tools: Tools, res: Results, out: dict, pairs: int, work_s: float,
+                   prof: Optional[Profiler] = None, case: str = "12"):
+    """A/B pairs of a CPU-bound process (workloads.py cpu) beside `pyoffcpu -a`
+    (or `prof`: case 18's crash watcher), each followed by an A/A pair of the
+    same process (both alone). Each A or B is ALL_REPEATS runs of a fifth of
+    the work: its time is their total (the verdict's), and the fastest of
+    them is kept too."""
     n = calibrate(tools, "cpu", 2000, work_s)
     k = ALL_REPEATS
     n_rep = max(1, n // k)
-    prof = Profiler(ALL_LABEL, lambda _pid, o: tools.pyoffcpu + ALL_ARGS + ["-o", o + ".folded"],
-                    r"^pyoffcpu: recording", True)
+    if prof is None:
+        prof = Profiler(ALL_LABEL, lambda _pid, o: tools.pyoffcpu + ALL_ARGS + ["-o", o + ".folded"],
+                        r"^pyoffcpu: recording", True)
     ab, aa, ab_fast, aa_fast = Pairs(), Pairs(), Pairs(), Pairs()
     for i in range(pairs):
-        tag = f"c12-pair-{i}"
+        tag = f"c{case}-pair-{i}"
         order = "AB" if i % 2 == 0 else "BA"
         w = Worker(tools.python, "cpu")
         try:
@@ -280,13 +283,15 @@ def allprocs_pairs(tools: Tools, res: Results, out: dict, pairs: int, work_s: fl
                 (t1, x1), (t2, x2) = (t2, x2), (t1, x1)
             aa.add(t1, t2, cpu=(x1["cpu_s"], x2["cpu_s"]), wait=(x1["rq_s"], x2["rq_s"]))
             aa_fast.add(x1["fastest"], x2["fastest"])
-            log(f"case 12 pair {i + 1}/{pairs} {order}: A {ta:.3f}s B {tb:.3f}s ratio {tb / ta:.3f} (fastest of "
-                f"{k}: {xb['fastest'] / xa['fastest']:.3f}); A/A {t2 / t1:.3f} ({x2['fastest'] / x1['fastest']:.3f}); "
-                f"waiting for a CPU A {xa['rq_s']:.3f}s B {xb['rq_s']:.3f}s")
+            log(f"case {case} pair {i + 1}/{pairs} {order}: A {ta:.3f}s B {tb:.3f}s ratio {tb / ta:.3f} (fastest "
+                f"of {k}: {xb['fastest'] / xa['fastest']:.3f}); A/A {t2 / t1:.3f} "
+                f"({x2['fastest'] / x1['fastest']:.3f}); waiting for a CPU A {xa['rq_s']:.3f}s B {xb['rq_s']:.3f}s; "
+                f"its own CPU {xb.get('profiler_cpu_s', 0):.3f}s")
+            out.setdefault("own_cpu_s", []).append(xb.get("profiler_cpu_s", 0))
         except Exception as e:                                  # noqa: BLE001
             ab.failures.append(str(e))
-            res.errors.append(f"case 12 pair {i + 1}: {e}")
-            log(f"case 12 pair {i + 1}: FAILED: {e}")
+            res.errors.append(f"case {case} pair {i + 1}: {e}")
+            log(f"case {case} pair {i + 1}: FAILED: {e}")
         finally:
             w.close()
             if os.path.exists(os.path.join(tools.outdir, tag + ".folded")):

@@ -18,12 +18,11 @@ import subprocess
 import time
 from typing import List
 
-from harness import Pairs, fmt_ratio_range, markdown_table, prog_delta, verdict
+from harness import fmt_ratio_range, markdown_table, prog_delta, verdict
 
 import bpfstats
-from common import HERE, Profiler, Proc, Results, Tools, Worker, log
-from case_allprocs import ALL_REPEATS, _repeats
-from case_slowdown import calibrate, profiled_run
+from common import HERE, Profiler, Proc, Results, Tools, log
+from case_allprocs import allprocs_pairs
 
 CRASH_LABEL = "pyoffcpu crashes -a"
 CRASH_SLOWDOWN_MAX = 1.01
@@ -124,45 +123,11 @@ def _map_memory(pid: int) -> int:
 
 
 def watcher_pairs(tools: Tools, res: Results, out: dict, pairs: int, work_s: float):
-    n = calibrate(tools, "cpu", 2000, work_s)
-    k = ALL_REPEATS
-    n_rep = max(1, n // k)
+    """Case 12's pairs (case_allprocs.allprocs_pairs), the watcher as B's profiler."""
     directory = os.path.join(tools.outdir, "c18-pairs")
     prof = Profiler(CRASH_LABEL, lambda _pid, o: tools.pyoffcpu + ["crashes", "-a", "--dir", directory],
                     READY, True)
-    ab, aa = Pairs(), Pairs()
-    for i in range(pairs):
-        order = "AB" if i % 2 == 0 else "BA"
-        w = Worker(tools.python, "cpu")
-        try:
-            w.run(max(1, n // 5))
-
-            def a():
-                return _repeats(w, n_rep, k)
-
-            def b():
-                tb, xb, _ = profiled_run(tools, prof, 0, a, f"c18-pair-{i}")
-                return tb, xb
-            if order == "AB":
-                ta, xa = a()
-                tb, xb = b()
-            else:
-                tb, xb = b()
-                ta, xa = a()
-            ab.add(ta, tb, cpu=(xa["cpu_s"], xb["cpu_s"]), wait=(xa["rq_s"], xb["rq_s"]))
-            (t1, x1), (t2, x2) = a(), a()
-            aa.add(t1, t2, cpu=(x1["cpu_s"], x2["cpu_s"]), wait=(x1["rq_s"], x2["rq_s"]))
-            log(f"case 18 pair {i + 1}/{pairs} {order}: A {ta:.3f}s B {tb:.3f}s ratio {tb / ta:.3f}; "
-                f"A/A {t2 / t1:.3f}; watcher CPU {xb.get('profiler_cpu_s', 0):.3f}s")
-            out.setdefault("watcher_cpu_s", []).append(xb.get("profiler_cpu_s", 0))
-        except Exception as e:                                  # noqa: BLE001
-            ab.failures.append(str(e))
-            res.errors.append(f"case 18 pair {i + 1}: {e}")
-        finally:
-            w.close()
-    out["n_work"] = n_rep * k
-    out["ab"] = {**ab.summary(), "failures": len(ab.failures)}
-    out["aa"] = aa.summary()
+    allprocs_pairs(tools, res, out, pairs, work_s, prof=prof, case="18")
 
 
 def render_crashes(d: dict) -> List[str]:

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import bpfdefs
 from .bpfdefs import BPF_DIR
+from ..targets.memory import WordReads
 from .maps import bpf_source, fdinfo
 
 V = bpfdefs.value
@@ -74,7 +75,7 @@ class CrashEvent:
     complete: bool = True         # False: records of it were lost (or its END never came)
 
 
-class CapturedMemory:
+class CapturedMemory(WordReads):
     """ProcessMemory's interface over the ranges a capture copied: a read
     is answered only when it lies wholly inside one of them."""
 
@@ -96,18 +97,6 @@ class CapturedMemory:
                 return data[addr - start:addr - start + size]
             i -= 1
         raise MemoryError_(f"read {size} at {addr:#x}: not captured")
-
-    def u64(self, addr: int) -> int:
-        return struct.unpack("<Q", self.read(addr, 8))[0]
-
-    def i64(self, addr: int) -> int:
-        return struct.unpack("<q", self.read(addr, 8))[0]
-
-    def u32(self, addr: int) -> int:
-        return struct.unpack("<I", self.read(addr, 4))[0]
-
-    def i32(self, addr: int) -> int:
-        return struct.unpack("<i", self.read(addr, 4))[0]
 
     def close(self) -> None:
         pass

@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .memory import MemoryError_, readable_range
+from .memory import MemoryError_, WordReads, readable_range
 
 ET_CORE = 4
 EM_X86_64 = 62
@@ -342,7 +342,7 @@ def segment_at(core: Core, addr: int) -> Optional[Segment]:
     return None
 
 
-class CoreMemory:
+class CoreMemory(WordReads):
     """A dead process's memory, with the interface of ProcessMemory: the
     core's bytes where it kept them, else the bytes of the file mapped
     there, for the files `files` vouches for (path we can open, by the
@@ -398,18 +398,6 @@ class CoreMemory:
             addr += len(piece)
             size -= len(piece)
         return b"".join(out)
-
-    def u64(self, addr: int) -> int:
-        return struct.unpack("<Q", self.read(addr, 8))[0]
-
-    def i64(self, addr: int) -> int:
-        return struct.unpack("<q", self.read(addr, 8))[0]
-
-    def u32(self, addr: int) -> int:
-        return struct.unpack("<I", self.read(addr, 4))[0]
-
-    def i32(self, addr: int) -> int:
-        return struct.unpack("<i", self.read(addr, 4))[0]
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -21,7 +21,27 @@ def readable_range(addr: int, size: int) -> bool:
     return 0 < addr and 0 <= size and addr + size <= ADDRESS_LIMIT
 
 
-class ProcessMemory:
+class WordReads:
+    """u64, i64, u32, i32 over a class's read(addr, size) (little-endian):
+    a live process's memory, a core's, a crash capture's."""
+
+    def read(self, addr: int, size: int) -> bytes:
+        raise NotImplementedError
+
+    def u64(self, addr: int) -> int:
+        return struct.unpack("<Q", self.read(addr, 8))[0]
+
+    def i64(self, addr: int) -> int:
+        return struct.unpack("<q", self.read(addr, 8))[0]
+
+    def u32(self, addr: int) -> int:
+        return struct.unpack("<I", self.read(addr, 4))[0]
+
+    def i32(self, addr: int) -> int:
+        return struct.unpack("<i", self.read(addr, 4))[0]
+
+
+class ProcessMemory(WordReads):
     def __init__(self, pid: int):
         self.pid = pid
         self._fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
@@ -39,18 +59,6 @@ class ProcessMemory:
         if len(data) != size:
             raise MemoryError_(f"short read at {addr:#x}")
         return data
-
-    def u64(self, addr: int) -> int:
-        return struct.unpack("<Q", self.read(addr, 8))[0]
-
-    def i64(self, addr: int) -> int:
-        return struct.unpack("<q", self.read(addr, 8))[0]
-
-    def u32(self, addr: int) -> int:
-        return struct.unpack("<I", self.read(addr, 4))[0]
-
-    def i32(self, addr: int) -> int:
-        return struct.unpack("<i", self.read(addr, 4))[0]
 
     def close(self) -> None:
         if self._fd >= 0:
