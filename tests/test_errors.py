@@ -44,6 +44,7 @@ def test_not_root(tmp_path):
                               *pyoffcpu_cmd("-p", str(os.getpid()), "-o", "/tmp/pyoffcpu-notroot.svg")],
                              env=env(), capture_output=True, text=True, timeout=60)
     assert_one_line_error(res, 1, "needs root")
+    assert "pyoffcpu doctor" in res.stderr      # an error about the machine names the command that checks it
 
 
 def test_unwritable_output(bpf):

@@ -292,6 +292,39 @@ def snapshot(directory, pids, match, gpu, duration, frequency, mode, formats, ke
     sys.exit(code)
 
 
+DOCTOR_EPILOG = """\b
+Examples:
+  sudo pyoffcpu doctor          # every check, one line each
+  sudo pyoffcpu doctor --quiet  # only what is not ok (nothing, exit 0: a recording works)
+
+\b
+Checks: root or CAP_BPF + CAP_PERFMON, kernel BTF, tracefs (mounted if it is
+not, as a recording does), the tracepoints, kernel lockdown, a BPF program's
+load and attach, the cpu-clock perf event, bcc and the kernel headers it
+compiles against (or a warm program cache), the cache directory's owner and
+mode, kernel.bpf_stats_enabled. FAIL: a recording would not work; warn: it
+works with less. Exit status: 0 when nothing FAILed, 1 otherwise.
+"""
+
+
+@main.command(epilog=DOCTOR_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-q", "--quiet", is_flag=True, help="Only the checks that are not ok.")
+def doctor(quiet):
+    """Check what a recording needs from this machine, and what to do about what is missing."""
+    from .commands.doctor import FAIL, OK, run_checks
+    checks = run_checks()
+    for c in checks:
+        if not (quiet and c.status == OK):
+            echo(c.line())
+    failed = [c for c in checks if c.status == FAIL]
+    if failed:
+        echo(f"pyoffcpu doctor: {len(failed)} of {len(checks)} checks failed: a recording would not work",
+             err=True)
+        sys.exit(1)
+    if not quiet:
+        echo("pyoffcpu doctor: a recording would work")
+
+
 CRASHES_EPILOG = """\b
 Examples:
   sudo pyoffcpu crashes                          # every Python process, until Ctrl-C

@@ -35,14 +35,19 @@ def _effective_caps() -> int:
     return 0
 
 
+# the errors about the machine point to the command that checks all of it
+DOCTOR = "`sudo pyoffcpu doctor` checks everything a recording needs"
+
+
 def check_privileges() -> None:
-    if os.geteuid() == 0:
-        return
     caps = _effective_caps()
     if caps & (1 << CAP_SYS_ADMIN) or (caps & (1 << CAP_BPF) and caps & (1 << CAP_PERFMON)):
         return
+    if os.geteuid() == 0:
+        raise ProfilerError("pyoffcpu runs as root but without CAP_SYS_ADMIN or CAP_BPF + CAP_PERFMON "
+                            "(a container's capabilities?)", "give it CAP_BPF and CAP_PERFMON; " + DOCTOR)
     raise ProfilerError("pyoffcpu needs root (or CAP_BPF and CAP_PERFMON)",
-                        "run it with sudo")
+                        "run it with sudo; " + DOCTOR)
 
 
 def ensure_tracefs() -> None:
@@ -53,10 +58,10 @@ def ensure_tracefs() -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except (OSError, subprocess.CalledProcessError):
         raise ProfilerError(f"tracefs is not mounted at {TRACEFS} and mounting it failed",
-                            f"mount -t tracefs tracefs {TRACEFS}") from None
+                            f"mount -t tracefs tracefs {TRACEFS}; {DOCTOR}") from None
     if not os.path.exists(os.path.join(TRACEFS, "events", "sched", "sched_switch")):
         raise ProfilerError("the sched_switch tracepoint is missing",
-                            "pyoffcpu needs a kernel with scheduler tracepoints")
+                            f"pyoffcpu needs a kernel with scheduler tracepoints; {DOCTOR}")
 
 
 @dataclass
@@ -73,9 +78,10 @@ def probe() -> Platform:
     """Every check that needs no BPF load; raises ProfilerError."""
     check_privileges()
     if not os.path.exists("/sys/fs/bpf") and not os.path.exists("/proc/sys/kernel/bpf_stats_enabled"):
-        raise ProfilerError("this kernel has no BPF support", "pyoffcpu needs Linux >= 5.8 with BPF")
+        raise ProfilerError("this kernel has no BPF support", f"pyoffcpu needs Linux >= 5.8 with BPF; {DOCTOR}")
     if not os.path.exists(BTF_PATH):
-        raise ProfilerError(f"no kernel BTF at {BTF_PATH}", "pyoffcpu needs a kernel built with CONFIG_DEBUG_INFO_BTF")
+        raise ProfilerError(f"no kernel BTF at {BTF_PATH}",
+                            f"pyoffcpu needs a kernel built with CONFIG_DEBUG_INFO_BTF; {DOCTOR}")
     from .btf import TRACEPOINT_ARGS, BtfError, member_offsets
     try:
         offs = member_offsets(BTF_PATH, [("task_struct", f) for f in
@@ -83,7 +89,7 @@ def probe() -> Platform:
                               + [(TRACEPOINT_ARGS, "sched_process_exit")])
     except (BtfError, OSError) as e:
         raise ProfilerError(f"cannot read task_struct's fsbase, pid and tgid from BTF: {e}",
-                            "x86_64 kernels with BTF only") from None
+                            f"x86_64 kernels with BTF only; {DOCTOR}") from None
     try:
         regs = tuple(member_offsets(BTF_PATH, [("pt_regs", f) for f in ("ip", "cs", "orig_ax")]))
     except (BtfError, OSError):

@@ -35,7 +35,7 @@ from .bpfdefs import BPF_DIR, GROUP_TID
 from .launch import Launcher
 from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, WAKE_KEY_FIELDS,
                    bpf_source, delete_all, fdinfo, items, map_sizes, pystack_type, take_generation, walk_stack)
-from .platform import Platform, ProfilerError
+from .platform import DOCTOR, Platform, ProfilerError
 from .preexisting import BlockedThreads
 from .recording import LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Recording, accumulate
 from ..native import symbols
@@ -136,7 +136,7 @@ class Session:
                                     meanwhile=self._head_start if not o.command else None)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
-                                "check that the kernel has BPF and `make install` set up headers")
+                                DOCTOR)
         self._control = self.bpf["control"]
 
     def _head_start(self, prog):
@@ -242,7 +242,7 @@ class Session:
                 for tp, fn in self.WAKE_ATTACH:
                     self.bpf.attach_raw_tracepoint(tp=tp, fn_name=fn)
         except Exception as e:
-            raise ProfilerError(f"cannot attach BPF: {e}", "is this kernel built with perf events?")
+            raise ProfilerError(f"cannot attach BPF: {e}", DOCTOR)
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
                                                      lost_cb=self._on_lost)
         # tests: the threads folded here before the kernel's fold is on are in its view too
