@@ -15,8 +15,17 @@
  * same for each other thread of its interpreter (crash_other, one tail
  * call per thread, as long as the kernel's limit of 33 tail calls lasts).
  *
+ * A registration is for one process image: an exec ends it (the layouts,
+ * the thread-state binding are the old program's) and so does the process's
+ * end (its PID may be reused), here at once, before user space's next scan
+ * has seen either; each crash carries the process's start and exec count,
+ * which user space matches against what it registered.
+ *
  * Set by the loader with -D:
  *   TASK_FSBASE_OFF   offsetof(task_struct, thread.fsbase), from BTF
+ *   TASK_LEADER_OFF, TASK_START_OFF   offsetof(task_struct, group_leader) and
+ *                     (start_boottime), from BTF
+ *   EXIT_GROUP_DEAD   sched_process_exit says when a process's last thread exits
  *   PT_REGS_SIZE      sizeof(struct pt_regs), from BTF
  *   NCPUS             possible CPUs (the stack buffer is an array by CPU)
  * Kernel structs are never dereferenced by type (see pyoffcpu.bpf.c).
@@ -45,6 +54,9 @@ BPF_PERCPU_ARRAY(pybuf, struct crash_py, 1);
 /* The stack's and the objects' copies: larger than a per-CPU value may be
  * (32 KiB), so a plain array with an entry per CPU. */
 BPF_ARRAY(bigbuf, struct crash_stack, NCPUS);
+/* execs per process since the watcher started (LRU: a process that ends
+ * takes its entry with it, below; the bound is a guard) */
+BPF_TABLE("lru_hash", u32, u64, execs, 16384);
 /* the objects copied in the last captures (crash_seen), for their dedup */
 BPF_TABLE("lru_hash", struct crash_seen, u8, seen, 1024);
 /* walk_python's counters (pyoffcpu.h DROP_*), as the profiler's */
@@ -156,6 +168,13 @@ int crash_signal(struct bpf_raw_tracepoint_args *ctx)
     u64 task = bpf_get_current_task();
     m->fsbase = 0;
     bpf_probe_read_kernel(&m->fsbase, sizeof(m->fsbase), (void *)(task + TASK_FSBASE_OFF));
+    u64 leader = 0;
+    m->start_ns = 0;
+    bpf_probe_read_kernel(&leader, sizeof(leader), (void *)(task + TASK_LEADER_OFF));
+    if (leader)
+        bpf_probe_read_kernel(&m->start_ns, sizeof(m->start_ns), (void *)(leader + TASK_START_OFF));
+    u64 *n = execs.lookup(&tgid);
+    m->execs = n ? (u32)*n : 0;
 
     /* the user registers as saved at kernel entry: the fault's, or those
      * of the system call that raised the signal (abort's tgkill) */
@@ -410,5 +429,43 @@ int crash_code(struct bpf_raw_tracepoint_args *ctx)
         return 0;
     }
     after_thread(ctx, s);
+    return 0;
+}
+
+
+/* An exec: the old image's registration no longer holds; counted, for the
+ * crash of the new image to say it. */
+RAW_TRACEPOINT_PROBE(sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    procs.delete(&tgid);
+    layouts.delete(&tgid);
+    u64 *n = execs.lookup(&tgid);
+    if (n) {
+        __sync_fetch_and_add(n, 1);
+    } else {
+        u64 one = 1;
+        execs.update(&tgid, &one);
+    }
+    return 0;
+}
+
+/* A process's end: its registration and its place among the watched go
+ * with it (the PID may be reused by a process no one selected). */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+#if EXIT_GROUP_DEAD
+    if (!(u8)ctx->args[1])
+        return 0;
+#else
+    if ((u32)id != tgid)
+        return 0;
+#endif
+    procs.delete(&tgid);
+    layouts.delete(&tgid);
+    execs.delete(&tgid);
+    watched.delete(&tgid);
     return 0;
 }

@@ -76,6 +76,12 @@ struct crash_main {
     unsigned int uid, flags;        /* CRF_* */
     unsigned int regs_len;          /* bytes of pt_regs in regs (0: none) */
     int kstack_len;                 /* bytes of kernel stack (bpf_get_stack), < 0: -errno */
+    /* which process image this is, for user space to match its registration
+     * against: the process's start (its leader's start_boottime, what
+     * /proc/PID/stat's starttime counts in ticks: a reused PID differs) and
+     * its execs since the watcher saw it first (`execs`) */
+    unsigned long long start_ns;
+    unsigned int execs, pad;
     char comm[16];
     unsigned char regs[CR_REGS_MAX];    /* struct pt_regs as saved at kernel entry */
     unsigned long long kstack[CR_KSTACK];

@@ -266,6 +266,8 @@ class Watcher:
         it has are the ones it crashes with).  {"before": its lines before
         `ready`, "returncode", "stderr", "line": the journal line, "report":
         the JSON report, "text": the text one}."""
+        # only what the watcher says from now on: a PID is reused in a long run
+        err_at, out_at = len(self.err), len(self.out)
         p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
         try:
@@ -275,12 +277,14 @@ class Watcher:
                     break
                 before.append(ln.strip())
             ready_at = len(self.err)
-            seen = self.err.index(self.wait_for(self.err, f"watching process {p.pid} ({watched_as}"))
+            watching = f"watching process {p.pid} ({watched_as}"
+            self.wait_for(self.err, watching, after=err_at)
+            seen = next(i for i in range(err_at, len(self.err)) if watching in self.err[i])
             self.wait_for(self.err, "scanned /proc", after=max(ready_at, seen + 1))
             p.stdin.write("go\n")
             p.stdin.flush()
             rc = p.wait(timeout=30)
-            line = self.wait_for(self.out, f"crash: process {p.pid} ")
+            line = self.wait_for(self.out, f"crash: process {p.pid} ", after=out_at)
             stderr = p.stderr.read()
         finally:
             if p.poll() is None:
@@ -354,22 +358,19 @@ def test_watcher_reports_the_fault_not_faulthandler(watcher, fixture_so):
     assert any("a handler of its own ran first" in n for n in r["report"]["notes"]), r["report"]["notes"]
 
 
-def test_watcher_all_gives_a_native_crash_its_native_stack(tmp_path, bpf):
+@pytest.fixture(scope="module")
+def native_wait(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("native") / "native_wait"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), os.path.join(WORKLOADS, "native_wait.c")], check=True)
+    return str(exe)
+
+
+def test_watcher_all_gives_a_native_crash_its_native_stack(tmp_path, bpf, native_wait):
     """`crashes -a`: a C program (no Python) that crashes gets its native
     chain, its kernel stack, and no Python part."""
-    src = tmp_path / "native_wait.c"
-    src.write_text("#include <stdio.h>\n"
-                   "__attribute__((noipa)) int nw_leaf(volatile int *p) { return *p; }\n"
-                   "__attribute__((noipa)) int nw_caller(volatile int *p) { int r = nw_leaf(p); "
-                   "__asm__ volatile(\"\"); return r; }\n"
-                   "int main(void) { char b[8]; puts(\"ready\"); fflush(stdout); "
-                   "if (!fgets(b, sizeof b, stdin)) return 2; int r = nw_caller(0); "
-                   "__asm__ volatile(\"\"); return r; }\n")
-    exe = tmp_path / "native_wait"
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
     w = Watcher(str(tmp_path / "reports"), "-a")
     try:
-        r = w.crash([str(exe)], watched_as="native_wait, native")
+        r = w.crash([native_wait], watched_as="native_wait, native")
     finally:
         assert w.stop() == 0
     assert r["returncode"] == -11
@@ -394,3 +395,83 @@ def test_a_library_gone_since_the_crash_is_named_in_a_note(tmp_path, core_patter
         assert python_frames(frames)[0] == ("crash_in_native", line("NULL_LINE")), frames
     finally:
         os.unlink(core)
+
+
+def _start_line_watcher(tmp_path, *args):
+    """A watcher that scans once, at its start, and not again for a minute."""
+    return Watcher(str(tmp_path / "reports"), "--rescan", "60", *args)
+
+
+def test_an_image_replaced_by_exec_is_not_read_with_the_old_ones_layouts(tmp_path, bpf, native_wait):
+    """A Python process the watcher registered execs a C program, which
+    crashes before the next scan: BPF dropped the registration at the exec,
+    so no Python frames of the old image, and the report names nothing from
+    the old image's mappings; it says why."""
+    py = subprocess.Popen([python_or_skip("pyenv-3.11"), "-c",
+                           "import os, sys; print('ready', flush=True); sys.stdin.readline(); "
+                           f"os.execv({native_wait!r}, [{native_wait!r}, 'now'])"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    w = None
+    try:
+        assert py.stdout.readline().strip() == "ready"
+        w = _start_line_watcher(tmp_path)
+        w.wait_for(w.err, f"watching process {py.pid} (python3.11, CPython")
+        py.stdin.write("go\n")
+        py.stdin.flush()
+        assert py.wait(timeout=30) == -11
+        line = w.wait_for(w.out, f"crash: process {py.pid} ")
+    finally:
+        if py.poll() is None:
+            py.kill()
+            py.wait()
+        if w is not None:
+            assert w.stop() == 0
+    with open(line.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
+        d = json.load(f)
+    assert any("exec'd, or its PID was reused" in n for n in d["notes"]), d["notes"]
+    assert d["python"] == "" and not python_frames(d["threads"][0]["frames"]), d
+    assert len(d["threads"]) == 1
+    # nothing named from the old image (python3.11, libpython, its libraries)
+    assert all(f.startswith("[unknown]") or f.startswith("0x") or "@0x" in f or f in ("[jit]", "[unmapped]")
+               for f in d["threads"][0]["frames"]), d["threads"][0]["frames"]
+
+
+def test_a_pid_reused_before_the_next_scan_is_not_read_as_the_old_process(tmp_path, bpf, native_wait):
+    """A registered Python process ends; a C program gets its PID (set with
+    ns_last_pid) and crashes before the next scan: the report is not the old
+    process's (no Python frames, none of its names)."""
+    py = subprocess.Popen([python_or_skip("pyenv-3.11"), "-c",
+                           "import sys; print('ready', flush=True); sys.stdin.readline()"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = None
+    try:
+        assert py.stdout.readline().strip() == "ready"
+        w = _start_line_watcher(tmp_path, "-a")
+        w.wait_for(w.err, f"watching process {py.pid} (python3.11, CPython")
+        pid = py.pid
+        py.stdin.write("\n")
+        py.stdin.flush()
+        assert py.wait(timeout=30) == 0
+        for _ in range(50):             # another process may take the PID first: try again
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+            c = subprocess.Popen([native_wait, "now"],
+                                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+            c.wait(timeout=30)
+            if c.pid == pid:
+                break
+        else:
+            pytest.skip(f"PID {pid} could not be had again")
+        line = w.wait_for(w.out, f"crash: process {pid} ")
+    finally:
+        if py.poll() is None:
+            py.kill()
+            py.wait()
+        if w is not None:
+            assert w.stop() == 0
+    with open(line.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
+        d = json.load(f)
+    assert any("exec'd, or its PID was reused" in n for n in d["notes"]), d["notes"]
+    assert d["python"] == "" and not python_frames(d["threads"][0]["frames"]), d
+    assert d["name"] == "native_wait"

@@ -73,6 +73,8 @@ class CrashEvent:
     memory: List[Tuple[int, bytes]]   # (address, bytes) ranges copied: the code objects and what they point to
     flags: int = 0                # CRF_* (bpf/crashes.h): what the capture could not take
     complete: bool = True         # False: records of it were lost (or its END never came)
+    start_ticks: int = 0          # the process's start, in /proc/PID/stat's starttime ticks
+    execs: int = 0                # its execs since the watcher started (CrashCapture.execs)
 
 
 class CapturedMemory(WordReads):
@@ -127,13 +129,15 @@ def code_layout(pp) -> Dict[str, int]:
             "tstate_thread_id": o["tstate_thread_id"], "pthread_tid": pp.thread_layout.tid}
 
 
-def _btf_offsets() -> Tuple[int, Dict[str, int], int]:
-    """(task_struct.thread.fsbase, {register: offset in pt_regs}, sizeof(pt_regs))."""
+def _btf_offsets() -> Tuple[Dict[str, int], Dict[str, int], int]:
+    """({task_struct field: offset} (thread.fsbase, group_leader,
+    start_boottime), {register: offset in pt_regs}, sizeof(pt_regs))."""
     from .btf import member_offsets
     from .platform import BTF_PATH
-    offs = member_offsets(BTF_PATH, [("task_struct", "thread.fsbase")] + [("pt_regs", r) for r in REGS])
-    regs = dict(zip(REGS, offs[1:]))
-    return offs[0], regs, max(regs.values()) + 8
+    task = ("thread.fsbase", "group_leader", "start_boottime")
+    offs = member_offsets(BTF_PATH, [("task_struct", f) for f in task] + [("pt_regs", r) for r in REGS])
+    regs = dict(zip(REGS, offs[len(task):]))
+    return dict(zip(task, offs)), regs, max(regs.values()) + 8
 
 
 def _frames(py) -> Tuple[List[Tuple[int, int, int]], bool]:
@@ -163,11 +167,14 @@ class CrashCapture:
     def __init__(self, uid: Optional[int] = None, pids: Optional[Sequence[int]] = None,
                  page_cnt: int = PAGE_CNT, cache_dir: Optional[str] = "default"):
         from . import bpfload, bpfsys
-        fsbase, self._reg_offs, regs_size = _btf_offsets()
+        from .platform import probe
+        task, self._reg_offs, regs_size = _btf_offsets()
         if regs_size > V("CR_REGS_MAX"):
             raise bpfsys.BpfError(f"struct pt_regs of {regs_size} bytes: more than the copy holds")
         ncpus = max(bpfsys.possible_cpus()) + 1
-        cflags = [f"-I{BPF_DIR}", f"-DTASK_FSBASE_OFF={fsbase}", f"-DPT_REGS_SIZE={regs_size}",
+        cflags = [f"-I{BPF_DIR}", f"-DTASK_FSBASE_OFF={task['thread.fsbase']}",
+                  f"-DTASK_LEADER_OFF={task['group_leader']}", f"-DTASK_START_OFF={task['start_boottime']}",
+                  f"-DEXIT_GROUP_DEAD={int(probe().exit_group_dead)}", f"-DPT_REGS_SIZE={regs_size}",
                   f"-DPT_REGS_SP_OFF={self._reg_offs['sp']}", f"-DPT_REGS_CS_OFF={self._reg_offs['cs']}",
                   f"-DNCPUS={ncpus}"]
         self.notices: List[str] = []
@@ -229,6 +236,15 @@ class CrashCapture:
         layouts[layouts.Key(pid)] = cl
         procs[procs.Key(pid)] = info
 
+    def execs(self, pid: int) -> int:
+        """The process's execs since the watcher started (a crash's `execs`
+        is compared with the count its registration was made at)."""
+        t = self.bpf["execs"]
+        try:
+            return int(t[t.Key(pid)].value)
+        except KeyError:
+            return 0
+
     def unregister(self, pid: int) -> None:
         for name in ("procs", "layouts"):
             t = self.bpf[name]
@@ -289,7 +305,8 @@ class CrashCapture:
             pid=m.h.tgid, tid=m.h.tid, uid=m.uid, comm=bytes(m.comm).split(b"\0")[0].decode(errors="replace"),
             sig=m.sig, si_code=m.si_code, addr=m.addr, handler=m.handler, time_ns=m.h.id,
             thread=thread, others=others, memory=p.memory, flags=flags,
-            complete=p.end is not None and not p.lossy))
+            complete=p.end is not None and not p.lossy,
+            start_ticks=m.start_ns // (1_000_000_000 // os.sysconf("SC_CLK_TCK")), execs=m.execs))
 
     def poll(self, timeout_s: float) -> List[CrashEvent]:
         """The captures completed within timeout_s (returns once there is

@@ -72,6 +72,7 @@ class Watched:
     registered: bool = False    # in BPF's procs (its Python frames are walked)
     libs: Optional[Tuple[int, int]] = None  # _code_sizes when maps were read
     checked: float = 0.0        # when a scan last found them the same
+    execs: int = 0              # its execs (BPF's count) when it was first seen
 
 
 def _ident(pid: int) -> Optional[tuple]:
@@ -148,7 +149,7 @@ class Watcher:
             if ident is None:
                 continue
             w = self.known.get(pid)
-            if w is not None and w.ident == ident:
+            if w is not None and w.ident == ident and self.cap.execs(pid) == w.execs:
                 if w.pp is not None and not w.registered:
                     changed |= self._register(w)
                 libs = _code_sizes(pid)
@@ -177,7 +178,7 @@ class Watcher:
             if pp is None and not self.opts.all:
                 self.ignored[pid] = ident
                 continue
-            w = Watched(pid, ident, comm(pid), cmdline(pid)[:200], pp)
+            w = Watched(pid, ident, comm(pid), cmdline(pid)[:200], pp, execs=self.cap.execs(pid))
             self._snapshot_maps(w)
             self.known[pid] = w
             changed = True
@@ -204,6 +205,12 @@ class Watcher:
         if not w.pp.tstate_found and not detect.refresh_tss(w.pp):
             return False
         self.cap.register_python(w.pid, w.pp)
+        # BPF drops a registration at exec and exit: one that raced with
+        # either describes another image, and goes (the next scan starts over)
+        if _ident(w.pid) != w.ident or self.cap.execs(w.pid) != w.execs:
+            self.cap.unregister(w.pid)
+            self.known.pop(w.pid, None)
+            return False
         w.registered = True
         return True
 
@@ -283,12 +290,18 @@ class Watcher:
         from ..native.unwind.walk import snapshot_reader
         w = self.known.get(ev.pid)
         notes = list(notes or [])
-        if w is not None and _ident(ev.pid) == w.ident:
-            self._snapshot_maps(w)          # still there (a core being written): the maps now
+        if w is not None and (ev.start_ticks != int(w.ident[1]) or ev.execs != w.execs):
+            # what the last scan saw under this PID is another image: its maps,
+            # its interpreter are not this one's (BPF walked no Python frames)
+            notes.append("it exec'd, or its PID was reused, after the last scan")
+            w = None
         maps = w.maps if w is not None else []
+        fresh = _maps_now(ev.pid, w.ident) if w is not None else None
+        if fresh:
+            maps = _merge_maps(w.maps, fresh)
         if w is None:
             notes.append("not seen by a scan before it crashed: no mappings, native frames not named")
-        elif time.monotonic() - w.maps_time > 0.5:
+        elif not fresh and time.monotonic() - w.maps_time > 0.5:
             notes.append("mappings as checked %.1f s before the crash (a library loaded after "
                          "that is not named)" % (time.monotonic() - w.checked))
         if not ev.complete:
@@ -305,6 +318,8 @@ class Watcher:
         why = ""
         if w is not None and w.pp is not None and not w.registered:
             why = "its Python frames: CPython had not bound a thread state when it crashed"
+        elif w is None:
+            why = "no Python frames: the watcher had not registered it"
         elif pp is None:
             why = "not a CPython process: native frames only"
         name = w.name if w is not None else ev.comm
@@ -363,6 +378,33 @@ class Watcher:
             S.apply_retention(o.dir, index, o.keep_days, o.max_total_mb, time.time())
             S.save_index(o.dir, index)
         return entry
+
+
+def _maps_now(pid: int, ident: tuple) -> Optional[list]:
+    """The mappings of a process that is still there (a core being written
+    keeps it), None when it is gone or another image."""
+    from ..native import symbols
+    try:
+        maps = symbols.read_maps(pid)
+    except OSError:
+        return None
+    return maps if _ident(pid) == ident else None
+
+
+def _merge_maps(old: list, fresh: list) -> list:
+    """The fresh mappings, and the old ones none of them overlaps: a process
+    in its exit may show some of its mappings, or none, once its memory is
+    being torn down; what it no longer shows is not thereby gone from the
+    moment of the crash."""
+    import bisect
+    fresh = sorted(fresh, key=lambda m: m.start)
+    starts = [m.start for m in fresh]
+    out = list(fresh)
+    for m in old:
+        i = bisect.bisect_left(starts, m.end)
+        if i == 0 or fresh[i - 1].end <= m.start:
+            out.append(m)
+    return sorted(out, key=lambda m: m.start)
 
 
 def _make_day(directory: str, day: str) -> None:
@@ -433,7 +475,8 @@ def run(opts: CrashOptions, say: Callable[[str], None], log: Callable[..., None]
                 n_py = sum(1 for x in w.known.values() if x.pp is not None)
                 note(f"watching {len(w.known)} processes ({n_py} Python) for crashes; "
                      f"reports in {opts.dir}")
-                start = next_scan = time.monotonic()
+                start = time.monotonic()
+                next_scan = start + opts.rescan_s      # the first scan was just made
                 while not stop:
                     for ev in cap.poll(0.5):
                         w.handle(ev)
@@ -454,13 +497,16 @@ def run(opts: CrashOptions, say: Callable[[str], None], log: Callable[..., None]
     return 0
 
 
-def service_text(argv: List[str]) -> str:
+def systemd_unit(argv: List[str]) -> str:
+    """pyoffcpu-crashes.service running this command (argv: the pyoffcpu
+    executable and its crashes arguments): --print-service's and the
+    Debian package's."""
     import shlex
     cmd = " ".join(shlex.quote(a) for a in argv)
     return f"""\
-# systemd: /etc/systemd/system/pyoffcpu-crashes.service
 [Unit]
 Description=pyoffcpu crash watcher: Python and native stacks of crashing processes
+Documentation=man:pyoffcpu-crashes(1)
 
 [Service]
 ExecStart={cmd}
@@ -469,10 +515,13 @@ Nice=5
 
 [Install]
 WantedBy=multi-user.target
-
-# then: sudo systemctl daemon-reload && sudo systemctl enable --now pyoffcpu-crashes
-# one line per crash: journalctl -u pyoffcpu-crashes
 """
+
+
+def service_text(argv: List[str]) -> str:
+    return ("# systemd: /etc/systemd/system/pyoffcpu-crashes.service\n" + systemd_unit(argv) +
+            "\n# then: sudo systemctl daemon-reload && sudo systemctl enable --now pyoffcpu-crashes\n"
+            "# one line per crash: journalctl -u pyoffcpu-crashes\n")
 
 
 def entries(directory: str) -> List[Tuple[str, dict]]:
