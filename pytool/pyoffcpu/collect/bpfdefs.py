@@ -13,9 +13,11 @@ import os
 import re
 from typing import Dict, List, Optional, Tuple
 
-# bpf/ sits at the top of the source tree (the package is installed editable).
+# The BPF C: the package's bpf/, which in the source tree is a link to the
+# tree's top-level bpf/ and in a wheel or the Debian package the files
+# themselves (package data).
 BPF_DIR = os.environ.get("PYOFFCPU_BPF_DIR") or os.path.normpath(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bpf"))
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bpf"))
 
 _DEFINE = re.compile(r"^#define\s+([A-Z][A-Z0-9_]*)\s+(\(?-?(?:0x[0-9a-fA-F]+|\d+)\)?)(?:ULL|U|L)?\s*"
                      r"(?:/\*\s*(.*?)\s*(?:\*/)?)?$")

@@ -35,9 +35,13 @@ KERNEL_MAPPING = "[kernel.kallsyms]"
 
 def doc_url() -> str:
     """The user's guide of this installation (README.md beside the package's
-    source tree), as a file: URL; "" where it is not there."""
-    readme = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md"))
-    return "file://" + readme + "#reading-the-flame-graph" if os.path.isfile(readme) else ""
+    source tree, or the Debian package's copy), as a file: URL; "" where it
+    is not there."""
+    for readme in (os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")),
+                   "/usr/share/doc/pyoffcpu/README.md"):
+        if os.path.isfile(readme):
+            return "file://" + readme + "#reading-the-flame-graph"
+    return ""
 
 
 # -- the wire format -----------------------------------------------------------------

@@ -372,13 +372,15 @@ def _decoding(mapping) -> Dict[int, str]:
 
 _E_TYPES = _decoding(_enums.ENUM_E_TYPE)
 _E_MACHINES = _decoding(_enums.ENUM_E_MACHINE)
-# pyelftools' section type names by e_machine (elftools.elf.structs._create_shdr)
+# pyelftools' section type names by e_machine (elftools.elf.structs._create_shdr),
+# for the machines the installed pyelftools names (Debian 12's 0.29 has no
+# AArch64 or RISC-V table: it decodes theirs with the base names)
 _SH_TYPES_BY_MACHINE = {
-    "EM_ARM": _decoding(_enums.ENUM_SH_TYPE_ARM),
-    "EM_AARCH64": _decoding(_enums.ENUM_SH_TYPE_AARCH64),
-    "EM_X86_64": _decoding(_enums.ENUM_SH_TYPE_AMD64),
-    "EM_MIPS": _decoding(_enums.ENUM_SH_TYPE_MIPS),
-    "EM_RISCV": _decoding(_enums.ENUM_SH_TYPE_RISCV),
+    machine: _decoding(getattr(_enums, table))
+    for machine, table in (("EM_ARM", "ENUM_SH_TYPE_ARM"), ("EM_AARCH64", "ENUM_SH_TYPE_AARCH64"),
+                           ("EM_X86_64", "ENUM_SH_TYPE_AMD64"), ("EM_MIPS", "ENUM_SH_TYPE_MIPS"),
+                           ("EM_RISCV", "ENUM_SH_TYPE_RISCV"))
+    if hasattr(_enums, table)
 }
 _SH_TYPES_BASE = _decoding(_enums.ENUM_SH_TYPE_BASE)
 _SHT_STRTAB, _SHT_SUNW_LDYNSYM = 3, 0x6FFFFFF3
