@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SYSTEM_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench root clean helper
+.PHONY: install demo test bench root clean helper deb
 
 # The compiled helper (pytool/pyoffcpu/native/helper/): the unwind tables and symbol
 # indexes of a target's libraries, linked against the venv's own capstone (the
@@ -54,17 +54,24 @@ demo: root
 	@echo "open demo.svg in a browser"
 
 # build-chroot.sh: Debian testing's 3.14/3.14d and a free-threaded 3.13t in a cached
-# chroot (first run ~8 min, then instant); its debootstrap downloads with wget.
+# chroot (first run ~8 min, then instant); its debootstrap downloads with wget;
+# `bookworm`: a plain Debian 12 root the .deb is installed into (tests/test_packaging.py).
 test: root
 	tools/setup-system.sh chromium python3.11-dbg wget golang-go tmux libomp5-14 zstd lz4
 	tools/build-chroot.sh
+	tools/build-chroot.sh bookworm
 	@$(MAKE) --no-print-directory $(VENV)/.installed
 	@$(MAKE) --no-print-directory helper
 	$(PY) -m pytest -v -rs $(PYTEST_ARGS) tests
+
+# dist/pyoffcpu_<version>_all.deb: pyoffcpu as a system tool over Debian 12's own packages
+# (tools/build_deb.py: man pages and completion made from --help itself)
+deb: $(VENV)/.installed
+	$(PY) tools/build_deb.py dist
 
 # make bench [BENCH_REV=HEAD] [BENCH_LONG_S=600] [BENCH_PAIRS=7] [BENCH_ARGS="--cases 1,5"]: see tools/bench/run.py
 bench: install
 	$(PY) tools/bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo.svg $(HELPER)
+	rm -rf $(VENV) build dist *.egg-info demo.svg $(HELPER)

@@ -9,7 +9,7 @@
 # than the host's: they run only inside the root, which is also our container
 # case (other root, other glibc).
 #
-# Usage: tools/build-chroot.sh            (as root; `make test` runs it)
+# Usage: tools/build-chroot.sh [bookworm] (as root; `make test` runs it)
 #   PYOFFCPU_CHROOT  the root (default /var/cache/pyoffcpu/chroot/forky)
 #   PYOFFCPU_MIRROR  the Debian mirror (default: read from apt's own sources)
 #   PYOFFCPU_JOBS    make -j for the free-threaded builds (default 2)
@@ -76,16 +76,37 @@ SHARED315=/opt/python3.15-shared/bin/python3.15
 INTERPRETERS=(/usr/bin/python3.14 /usr/bin/python3.14d /usr/bin/python3.15 /usr/bin/python3.15d
               "$SHARED315")
 for m in "${FT_MINORS[@]}"; do INTERPRETERS+=("$(ft_prefix "$m")/bin/python3.${m}t"); done
+# What the root is for: the interpreters above (forky), or with the argument
+# `bookworm` a plain Debian 12 server (minbase and systemd) into which
+# tests/test_packaging.py installs the .deb: on an overlay, so it stays
+# fresh. The packages the .deb depends on are downloaded into its apt cache,
+# not installed, so that a test installs them without the network.
+KIND=${1:-forky}
+PREFETCH=()
+case $KIND in
+    forky) ;;
+    bookworm)
+        ROOT=${PYOFFCPU_BOOKWORM_CHROOT:-/var/cache/pyoffcpu/chroot/bookworm}
+        SUITE=bookworm
+        PACKAGES=(systemd)
+        PREFETCH=(python3-bpfcc python3-pyelftools python3-click python3-capstone linux-headers-amd64
+                  zstd lz4)
+        FT_MINORS=()
+        INTERPRETERS=()
+        ;;
+    *) echo "build-chroot: unknown root '$KIND' (forky, bookworm)" >&2; exit 1 ;;
+esac
 
 # What each stage's stamp holds: a stage whose settings changed is done again.
 KEY_debootstrap="$SUITE minbase"
-KEY_packages="${PACKAGES[*]}"
+KEY_packages="${PACKAGES[*]}; downloaded: ${PREFETCH[*]}"
 KEY_shared315="Py_BytesMain against libpython3.15.so into $SHARED315"
 for m in "${FT_MINORS[@]}"; do
     printf -v "KEY_python3${m}t" '%s' "python3.$m source package; $(ft_configure "$m")"
 done
 KEY_verify="${INTERPRETERS[*]}"
 STAGES=(debootstrap packages shared315 python313t verify)
+[ "$KIND" = forky ] || STAGES=(debootstrap packages)
 
 case $ROOT in
     /*) ;;
@@ -332,11 +353,14 @@ Acquire::Languages "none";
 APT::Install-Recommends "false";
 EOF
     # for `apt-get source python3.13`
-    echo "deb-src $MIRROR $SUITE main" >"$ROOT/etc/apt/sources.list.d/pyoffcpu-deb-src.list"
+    [ "$KIND" != forky ] || echo "deb-src $MIRROR $SUITE main" >"$ROOT/etc/apt/sources.list.d/pyoffcpu-deb-src.list"
     cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
     logged in_root apt-get -q update
     logged in_root apt-get -q -y install "${PACKAGES[@]}"
     logged in_root apt-get clean
+    if [ ${#PREFETCH[@]} -gt 0 ]; then
+        logged in_root apt-get -q -y install --download-only "${PREFETCH[@]}"
+    fi
     stage_end
 }
 
@@ -418,16 +442,18 @@ if ! stage_done packages; then
     rm -f "$(stamp verify)"
     stage_packages
 fi
-if ! stage_done shared315; then
-    rm -f "$(stamp verify)"
-    stage_shared315
-fi
-for m in "${FT_MINORS[@]}"; do
-    if ! stage_done "python3${m}t"; then
+if [ "$KIND" = forky ]; then
+    if ! stage_done shared315; then
         rm -f "$(stamp verify)"
-        stage_python3t "$m"
+        stage_shared315
     fi
-done
-stage_done verify || stage_verify
+    for m in "${FT_MINORS[@]}"; do
+        if ! stage_done "python3${m}t"; then
+            rm -f "$(stamp verify)"
+            stage_python3t "$m"
+        fi
+    done
+    stage_done verify || stage_verify
+fi
 STAGE=done
 ready

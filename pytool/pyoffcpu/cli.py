@@ -43,7 +43,8 @@ class DefaultToRecord(click.Group):
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["record"] + list(args)
-        elif not args:
+        elif not args and not ctx.resilient_parsing:
+            # (completing the first word: the commands are its choices, not record's options)
             args = ["record"]
         return super().parse_args(ctx, args)
 

@@ -553,29 +553,27 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
 
 
 # -- cron and systemd ---------------------------------------------------------------------
-def schedule_text(argv: List[str], every_min: int = 15) -> str:
-    """A crontab line and a systemd service + timer that run this snapshot
-    command (argv: the pyoffcpu executable and its snapshot arguments, without
-    --print-cron) every `every_min` minutes."""
+def systemd_units(argv: List[str], every_min: int = 15) -> Dict[str, str]:
+    """The service and timer that run this snapshot command (argv: the
+    pyoffcpu executable and its snapshot arguments) every `every_min`
+    minutes: {file name: text}; --print-cron's and the Debian package's."""
     import shlex
     cmd = " ".join(shlex.quote(a) for a in argv)
-    return f"""\
-# crontab (root: `sudo crontab -e`), every {every_min} minutes; cron mails what it prints,
-# and a snapshot prints only errors:
-*/{every_min} * * * * {cmd}
-
-# systemd: /etc/systemd/system/pyoffcpu-snapshot.service
+    return {
+        "pyoffcpu-snapshot.service": f"""\
 [Unit]
 Description=pyoffcpu wall-clock snapshot of the Python processes
+Documentation=man:pyoffcpu-snapshot(1)
 
 [Service]
 Type=oneshot
 ExecStart={cmd}
 Nice=10
-
-# systemd: /etc/systemd/system/pyoffcpu-snapshot.timer
+""",
+        "pyoffcpu-snapshot.timer": f"""\
 [Unit]
 Description=pyoffcpu snapshot every {every_min} minutes
+Documentation=man:pyoffcpu-snapshot(1)
 
 [Timer]
 OnCalendar=*:0/{every_min}
@@ -584,6 +582,23 @@ Persistent=true
 
 [Install]
 WantedBy=timers.target
+""",
+    }
 
+
+def schedule_text(argv: List[str], every_min: int = 15) -> str:
+    """A crontab line and a systemd service + timer that run this snapshot
+    command (argv: the pyoffcpu executable and its snapshot arguments, without
+    --print-cron) every `every_min` minutes."""
+    import shlex
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    units = "\n".join(f"# systemd: /etc/systemd/system/{name}\n{text}"
+                      for name, text in systemd_units(argv, every_min).items())
+    return f"""\
+# crontab (root: `sudo crontab -e`), every {every_min} minutes; cron mails what it prints,
+# and a snapshot prints only errors:
+*/{every_min} * * * * {cmd}
+
+{units}
 # then: sudo systemctl daemon-reload && sudo systemctl enable --now pyoffcpu-snapshot.timer
 """
