@@ -198,7 +198,7 @@ def _cache_entries() -> int:
     from ..cachedir import cache_dir
     d = cache_dir("bpf")
     try:
-        return len([n for n in os.listdir(d) if not n.endswith(".tmp")]) if d else 0
+        return len([n for n in os.listdir(d) if n.endswith(".bpf")]) if d else 0
     except OSError:
         return 0
 
@@ -224,7 +224,9 @@ def check_cache_dir() -> Check:
                          f"{path} is owned by uid {st.st_uid}, mode {st.st_mode & 0o7777:o}: not used "
                          "(what is read from it steers programs in the kernel)",
                          f"chown -R {os.geteuid()} {path} && chmod -R go-w {path}, or remove it")
-    return Check(OK, "cache directory", f"{d}: ours, not writable by others ({_cache_entries()} programs)")
+    n = _cache_entries()
+    return Check(OK, "cache directory", f"{d}: ours, not writable by others "
+                 f"({n} compiled program set{'' if n == 1 else 's'})")
 
 
 def check_bpf_stats() -> Check:
