@@ -397,6 +397,19 @@ def test_a_library_gone_since_the_crash_is_named_in_a_note(tmp_path, core_patter
         os.unlink(core)
 
 
+def report_of(line):
+    """The JSON report a journal line points to."""
+    with open(line.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
+        return json.load(f)
+
+
+def check_not_the_old_image(d):
+    """What a crash of another image than the one the last scan saw gives:
+    a note, and nothing of the old image (no Python frames)."""
+    assert any("exec'd, or its PID was reused" in n for n in d["notes"]), d["notes"]
+    assert d["python"] == "" and not python_frames(d["threads"][0]["frames"]), d
+
+
 def _start_line_watcher(tmp_path, *args):
     """A watcher that scans once, at its start, and not again for a minute."""
     return Watcher(str(tmp_path / "reports"), "--rescan", "60", *args)
@@ -427,10 +440,8 @@ def test_an_image_replaced_by_exec_is_not_read_with_the_old_ones_layouts(tmp_pat
             py.wait()
         if w is not None:
             assert w.stop() == 0
-    with open(line.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
-        d = json.load(f)
-    assert any("exec'd, or its PID was reused" in n for n in d["notes"]), d["notes"]
-    assert d["python"] == "" and not python_frames(d["threads"][0]["frames"]), d
+    d = report_of(line)
+    check_not_the_old_image(d)
     assert len(d["threads"]) == 1
     # nothing named from the old image (python3.11, libpython, its libraries)
     assert all(f.startswith("[unknown]") or f.startswith("0x") or "@0x" in f or f in ("[jit]", "[unmapped]")
@@ -470,8 +481,6 @@ def test_a_pid_reused_before_the_next_scan_is_not_read_as_the_old_process(tmp_pa
             py.wait()
         if w is not None:
             assert w.stop() == 0
-    with open(line.rsplit(" -> ", 1)[1][:-len(".txt")] + ".json") as f:
-        d = json.load(f)
-    assert any("exec'd, or its PID was reused" in n for n in d["notes"]), d["notes"]
-    assert d["python"] == "" and not python_frames(d["threads"][0]["frames"]), d
+    d = report_of(line)
+    check_not_the_old_image(d)
     assert d["name"] == "native_wait"
