@@ -356,6 +356,12 @@ def test_watcher_reports_the_fault_not_faulthandler(watcher, fixture_so):
     tids = {ln.split()[1]: int(ln.split()[2]) for ln in r["before"]}
     check_null(r["report"], tids, core=False)
     assert any("a handler of its own ran first" in n for n in r["report"]["notes"]), r["report"]["notes"]
+    # one crash, one report: not a second one of the handler's raise
+    import time
+    time.sleep(3.0)
+    pid = int(r["line"].split()[2])
+    after = watcher.out[watcher.out.index(r["line"]) + 1:]
+    assert not [ln for ln in after if ln.startswith(f"crash: process {pid} ")], watcher.out
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ from . import snapshot as S
 
 DEFAULT_DIR = "/var/lib/pyoffcpu/crashes"
 HANDLED_AFTER_S = 10.0          # a process that runs on this long after its handler ran: handled
+GONE_GRACE_S = 2.0              # a held capture of a process gone: its default delivery may still come
 EXTENSIONS = {"txt": ".crash.txt", "json": ".crash.json"}
 LINE_FRAMES = 4                 # native frames named on the journal line
 
@@ -270,7 +271,9 @@ class Watcher:
         for pid, (ev, t) in list(self.held.items()):
             w = self.known.get(pid)
             gone = _ident(pid) is None or (w is not None and _ident(pid) != w.ident)
-            if gone:
+            # a process the handler's raise ended is gone before that capture
+            # is read: it is given GONE_GRACE_S to come (handle() takes it)
+            if gone and now - t > GONE_GRACE_S:
                 del self.held[pid]
                 self._report(ev, [f"its {PM.signal_name(ev.sig)} went to a handler of its own "
                                   f"(at {ev.handler:#x}), and the process ended"])
@@ -356,6 +359,11 @@ class Watcher:
         files, errors = {}, []
         try:
             _make_day(o.dir, day)
+            # two crashes of one PID within a second (a reused PID): both kept
+            n = 1
+            while any(os.path.lexists(os.path.join(o.dir, day, base + ext)) for ext in EXTENSIONS.values()):
+                n += 1
+                base = f"{time.strftime('%H%M%S', stamp)}-{ev.pid}-{S._safe(d.name)}-{n}"
             for fmt, data in (("txt", render_text(d) + "\n"),
                               ("json", json.dumps(d.as_dict(), indent=1) + "\n")):
                 rel = os.path.join(day, base + EXTENSIONS[fmt])
