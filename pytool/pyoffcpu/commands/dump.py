@@ -234,9 +234,13 @@ class _Moment:
     states: Dict[int, int] = field(default_factory=dict)       # tid -> PyThreadState
     holder: Optional[int] = None
     gil_addr: int = 0
+    unwinder_error: str = ""            # why there are no native frames (native asked for)
 
 
-def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: CpuClocks) -> _Moment:
+def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: Optional[CpuClocks],
+            maps=None) -> _Moment:
+    """maps: the mappings (None: the live process's, from /proc); a dead
+    process (postmortem.py) gives its own, under a pid no process has."""
     from ..native import symbols
     from ..cpython.code import CodeReader
     from ..profile.merge import Merger
@@ -248,22 +252,43 @@ def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: CpuClocks)
     if pp is not None:
         m.reader = CodeReader(mem, pp.minor, pp.offsets, pp.code_type)
     if native:
-        maps = symbols.parse_maps(read_text(f"/proc/{pid}/maps") or "")
+        if maps is None:
+            maps = symbols.parse_maps(read_text(f"/proc/{pid}/maps") or "")
         rec.spaces[pid] = symbols.AddressSpace(pid)
         rec.spaces[pid].add_snapshot(maps)
         from ..native.unwind.loader import NativeUnwinder
         try:
             m.unwinder = NativeUnwinder(None, tables=True)
             m.unwinder.update(pid, maps)
-        except Exception:                               # noqa: BLE001 - no tables: no native frames
+        except Exception as e:                          # noqa: BLE001 - no tables: no native frames
             m.unwinder = None
+            m.unwinder_error = str(e) or type(e).__name__
     return m
 
 
-def _thread(m: _Moment, tid: int) -> ThreadDump:
+def frame_labels(m: _Moment, tid: int, python: Optional[tuple], native: Optional[tuple]) -> List[str]:
+    """A thread's frames as record labels them, innermost first: its Python
+    frames ((frames, truncated) or None) interleaved with its native ones
+    ((pcs, NST_* flags) or None)."""
     from ..collect.bpfdefs import PYS_TRUNCATED
-    from ..profile.reasons import syscall_name
     from ..collect.recording import NATIVE_ID_BASE, PyStack
+    h = 0
+    if python:
+        frames, truncated = python
+        infos = [m.reader.code(c) for c, _, _ in frames]
+        h = len(m.rec.pystacks) + 1
+        m.rec.pystacks[h] = PyStack(m.pid, PYS_TRUNCATED if truncated else 0, frames, infos)
+    us = -1
+    if native is not None:
+        us = NATIVE_ID_BASE + tid
+        m.rec.ustacks[us], m.rec.native_flags[us] = native
+    if not h and us < 0:
+        return []
+    return [f.label(False, m.merger._short) for f in m.merger.frames_for(m.pid, us, -1, h, 0)][::-1]
+
+
+def _thread(m: _Moment, tid: int) -> ThreadDump:
+    from ..profile.reasons import syscall_name
     pid = m.pid
     letter = _stat_state(pid, tid)
     t = ThreadDump(tid, comm(pid, tid), letter, STATES.get(letter, letter))
@@ -283,21 +308,8 @@ def _thread(m: _Moment, tid: int) -> ThreadDump:
     t.python = tid in m.states
     if m.holder is not None or m.states:
         t.holds_gil = tid == m.holder if t.python else None
-    h = 0
-    if tid in m.stacks:
-        frames, truncated = m.stacks[tid]
-        infos = [m.reader.code(c) for c, _, _ in frames]
-        h = len(m.rec.pystacks) + 1
-        m.rec.pystacks[h] = PyStack(pid, PYS_TRUNCATED if truncated else 0, frames, infos)
-    us = -1
-    if m.unwinder is not None:
-        got = m.unwinder.walk_blocked(pid, tid)
-        if got is not None:
-            us = NATIVE_ID_BASE + tid
-            m.rec.ustacks[us], m.rec.native_flags[us] = got
-    if h or us >= 0:
-        labels = [f.label(False, m.merger._short) for f in m.merger.frames_for(pid, us, -1, h, 0)]
-        t.frames = labels[::-1]
+    native = m.unwinder.walk_blocked(pid, tid) if m.unwinder is not None else None
+    t.frames = frame_labels(m, tid, m.stacks.get(tid), native)
     return t
 
 

@@ -110,13 +110,6 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
     /proc is looked at: it may be another process's by now)."""
     from ..commands import dump as D
     from ..cpython import walker
-    from ..cpython.code import CodeReader
-    from ..collect.bpfdefs import PYS_TRUNCATED
-    from ..collect.recording import NATIVE_ID_BASE, Options, PyStack, Recording
-    from ..native import symbols
-    from ..native.unwind import walk
-    from ..native.unwind.loader import NativeUnwinder
-    from ..profile.merge import Merger
     from ..profile.reasons import syscall_name
 
     out = D.ProcessDump(pid, comm)
@@ -126,31 +119,19 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
     # a pid no process can have: every file is opened by the path the maps
     # give, never through /proc/PID (a number reused since the crash)
     space = 0
-    rec = Recording(Options())
-    merger = Merger(rec, symbols.Symbolizer())
+    tids = [t.tid for t in threads]
+    m = D._moment(space, pp, mem, native, tids, None, maps=maps)
+    if m.unwinder_error:
+        out.notes.append(f"no native frames ({m.unwinder_error})")
     states: Dict[int, int] = {}
-    reader = None
     if pp is not None:
         out.python = pp.version_str
-        rec.pythons[space] = pp
-        reader = CodeReader(mem, pp.minor, pp.offsets, pp.code_type)
         if any(t.python is None for t in threads):
             try:
                 states = walker.thread_states(mem, pp)
             except MemoryError_ as e:
                 out.notes.append(f"its thread states cannot be read: {e}")
     gil_addr = D._gil(out, mem, pp, states) if pp is not None and states else 0
-    unwinder = None
-    if native:
-        rec.spaces[space] = symbols.AddressSpace(space)
-        rec.spaces[space].add_snapshot(maps)
-        try:
-            unwinder = NativeUnwinder(None, tables=True)
-            unwinder.update(space, maps)
-        except Exception as e:                          # noqa: BLE001 - no tables: no native frames
-            out.notes.append(f"no native frames ({e})")
-            unwinder = None
-    tids = [t.tid for t in threads]
     mem_u64 = memory_u64(mem)
     for t in threads:
         d = D.ThreadDump(t.tid, t.name, "R", "running")
@@ -174,24 +155,14 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
         d.python = frames is not None or t.tid in states
         if out.gil_holder is not None or states:
             d.holds_gil = t.tid == out.gil_holder if d.python else None
-        h = 0
-        if frames:
-            infos = [reader.code(c) for c, _, _ in frames[0]]
-            h = len(rec.pystacks) + 1
-            rec.pystacks[h] = PyStack(space, PYS_TRUNCATED if frames[1] else 0, frames[0], infos)
-        us = -1
-        if unwinder is not None and t.regs.get("sp"):
-            regions = unwinder._regions.get(space) or []
-            got = walk.walk(regions, t.regs["ip"], t.regs["sp"], t.regs.get("bp"),
-                            t.stack_reader or mem_u64, t.regs.get("bx"))
-            us = NATIVE_ID_BASE + t.tid
-            rec.ustacks[us], rec.native_flags[us] = got
-        if h or us >= 0:
-            labels = [f.label(False, merger._short) for f in merger.frames_for(space, us, -1, h, 0)]
-            d.frames = labels[::-1]
+        native_pcs = None
+        if m.unwinder is not None and t.regs.get("sp"):
+            native_pcs = m.unwinder.walk_registers(space, t.regs["ip"], t.regs["sp"], t.regs.get("bp"),
+                                                   t.stack_reader or mem_u64, t.regs.get("bx"))
+        d.frames = D.frame_labels(m, t.tid, frames, native_pcs)
         out.threads.append(d)
-    if unwinder is not None:
-        unwinder.close()
+    if m.unwinder is not None:
+        m.unwinder.close()
     return out
 
 

@@ -601,9 +601,18 @@ class NativeUnwinder:
         except OSError:
             return None
         try:
-            return walk.walk(regions, regs[0], regs[1], None, read)
+            return self.walk_registers(pid, regs[0], regs[1], None, read)
         finally:
             read.close()
+
+    def walk_registers(self, pid: int, pc: int, sp: int, bp: Optional[int], read_u64,
+                       bx: Optional[int] = None) -> Optional[Tuple[List[int], int]]:
+        """(pcs, flags) walked in user space from these registers with the
+        tables of pid's mappings (update()), reading its memory through
+        read_u64; None when update() has not seen pid."""
+        from . import walk
+        regions = self._regions.get(pid)
+        return None if regions is None else walk.walk(regions, pc, sp, bp, read_u64, bx)
 
     def capture_blocked(self, pid: int, tid: int) -> Optional[Tuple[int, int, bytes]]:
         """(pc, sp, the stack from sp up) of a thread blocked right now, to be
