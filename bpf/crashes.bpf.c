@@ -454,15 +454,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
  * with it (the PID may be reused by a process no one selected). */
 RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-#if EXIT_GROUP_DEAD
-    if (!(u8)ctx->args[1])
+    if (!last_thread_exits(ctx))
         return 0;
-#else
-    if ((u32)id != tgid)
-        return 0;
-#endif
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
     procs.delete(&tgid);
     layouts.delete(&tgid);
     execs.delete(&tgid);

@@ -1004,24 +1004,15 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     return 0;
 }
 
-#ifndef EXIT_GROUP_DEAD
-#define EXIT_GROUP_DEAD 0
-#endif
 /* A registered process's last thread exits: user space retires it now
  * (its tables go, its PID may be another's next).  Where the tracepoint has
  * no group_dead (older kernels), the group leader's exit stands in and
  * user space's liveness checks catch the rest. */
 RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-#if EXIT_GROUP_DEAD
-    if (!(u8)ctx->args[1])
+    if (!last_thread_exits(ctx))
         return 0;
-#else
-    if ((u32)id != tgid)
-        return 0;
-#endif
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!procs.lookup(&tgid))
         return 0;
     unwind_procs.delete(&tgid);

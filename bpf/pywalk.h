@@ -1,13 +1,30 @@
-/* The Python frame walk, shared by the profiler (pyoffcpu.bpf.c) and the
- * crash watcher (crashes.bpf.c): the current thread's PyThreadState
- * (current_tstate) and its frames (walk_python), read the same way in both.
- * Inlined by the loader (its include is marked `inline`: it uses maps,
- * which bcc rewrites only in the main file).
+/* What the profiler (pyoffcpu.bpf.c) and the crash watcher (crashes.bpf.c)
+ * read the same way: the current thread's PyThreadState (current_tstate)
+ * and its frames (walk_python), and whether an exiting thread ends its
+ * process (last_thread_exits).  Inlined by the loader (its include is
+ * marked `inline`: it uses maps, which bcc rewrites only in the main file).
  *
  * The includer provides: pyoffcpu.h, count_drop(idx) (the DROP_* counters),
- * TASK_FSBASE_OFF (-D, from BTF); ASYNC_TASKS (0 when not defined). */
+ * TASK_FSBASE_OFF (-D, from BTF); ASYNC_TASKS and EXIT_GROUP_DEAD (0 when
+ * not defined). */
 #ifndef PYOFFCPU_PYWALK_H
 #define PYOFFCPU_PYWALK_H
+
+#ifndef EXIT_GROUP_DEAD
+#define EXIT_GROUP_DEAD 0
+#endif
+/* At sched_process_exit, in the exiting thread: does the process end with
+ * it?  The tracepoint says so (group_dead) where the kernel passes it
+ * (EXIT_GROUP_DEAD, from BTF); elsewhere the group leader's exit stands in. */
+static __always_inline int last_thread_exits(struct bpf_raw_tracepoint_args *ctx)
+{
+#if EXIT_GROUP_DEAD
+    return (u8)ctx->args[1];
+#else
+    u64 id = bpf_get_current_pid_tgid();
+    return (u32)id == (u32)(id >> 32);
+#endif
+}
 
 #ifndef PY_MASK
 #define PY_MASK (MAX_PY_DEPTH - 1)
