@@ -129,15 +129,17 @@ def code_layout(pp) -> Dict[str, int]:
             "tstate_thread_id": o["tstate_thread_id"], "pthread_tid": pp.thread_layout.tid}
 
 
-def _btf_offsets() -> Tuple[Dict[str, int], Dict[str, int], int]:
+def _btf_offsets() -> Tuple[Dict[str, int], Dict[str, int], int, bool]:
     """({task_struct field: offset} (thread.fsbase, group_leader,
-    start_boottime), {register: offset in pt_regs}, sizeof(pt_regs))."""
-    from .btf import member_offsets
+    start_boottime), {register: offset in pt_regs}, sizeof(pt_regs),
+    whether sched_process_exit passes group_dead (as platform.probe reads it))."""
+    from .btf import TRACEPOINT_ARGS, member_offsets
     from .platform import BTF_PATH
     task = ("thread.fsbase", "group_leader", "start_boottime")
-    offs = member_offsets(BTF_PATH, [("task_struct", f) for f in task] + [("pt_regs", r) for r in REGS])
-    regs = dict(zip(REGS, offs[len(task):]))
-    return dict(zip(task, offs)), regs, max(regs.values()) + 8
+    offs = member_offsets(BTF_PATH, [("task_struct", f) for f in task] + [("pt_regs", r) for r in REGS]
+                          + [(TRACEPOINT_ARGS, "sched_process_exit")])
+    regs = dict(zip(REGS, offs[len(task):len(task) + len(REGS)]))
+    return dict(zip(task, offs)), regs, max(regs.values()) + 8, offs[-1] >= 2
 
 
 def _frames(py) -> Tuple[List[Tuple[int, int, int]], bool]:
@@ -167,14 +169,13 @@ class CrashCapture:
     def __init__(self, uid: Optional[int] = None, pids: Optional[Sequence[int]] = None,
                  page_cnt: int = PAGE_CNT, cache_dir: Optional[str] = "default"):
         from . import bpfload, bpfsys
-        from .platform import probe
-        task, self._reg_offs, regs_size = _btf_offsets()
+        task, self._reg_offs, regs_size, group_dead = _btf_offsets()
         if regs_size > V("CR_REGS_MAX"):
             raise bpfsys.BpfError(f"struct pt_regs of {regs_size} bytes: more than the copy holds")
         ncpus = max(bpfsys.possible_cpus()) + 1
         cflags = [f"-I{BPF_DIR}", f"-DTASK_FSBASE_OFF={task['thread.fsbase']}",
                   f"-DTASK_LEADER_OFF={task['group_leader']}", f"-DTASK_START_OFF={task['start_boottime']}",
-                  f"-DEXIT_GROUP_DEAD={int(probe().exit_group_dead)}", f"-DPT_REGS_SIZE={regs_size}",
+                  f"-DEXIT_GROUP_DEAD={int(group_dead)}", f"-DPT_REGS_SIZE={regs_size}",
                   f"-DPT_REGS_SP_OFF={self._reg_offs['sp']}", f"-DPT_REGS_CS_OFF={self._reg_offs['cs']}",
                   f"-DNCPUS={ncpus}"]
         self.notices: List[str] = []
