@@ -35,6 +35,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..collect.platform import ProfilerError
 from ..targets import postmortem as PM
+from ..targets.processes import uid_of
 from ..targets.procfs import cmdline, comm, read_text
 from . import snapshot as S
 
@@ -104,16 +105,6 @@ def _code_sizes(pid: int) -> Optional[Tuple[int, int]]:
             except (IndexError, ValueError):
                 return None
     return (sizes["VmExe"], sizes["VmLib"]) if len(sizes) == 2 else None
-
-
-def _uid(pid: int) -> Optional[int]:
-    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
-        if line.startswith("Uid:"):
-            try:
-                return int(line.split()[1])
-            except (IndexError, ValueError):
-                return None
-    return None
 
 
 class Watcher:
@@ -194,7 +185,7 @@ class Watcher:
         self.log(f"scanned /proc: {len(self.known)} processes watched", level=2)
 
     def _selected(self, pid: int) -> bool:
-        if self.opts.uid is not None and _uid(pid) != self.opts.uid:
+        if self.opts.uid is not None and uid_of(pid) != self.opts.uid:
             return False
         if self.match is not None:
             return bool(self.match.search(comm(pid)) or self.match.search(cmdline(pid)))
@@ -358,7 +349,7 @@ class Watcher:
         base = f"{time.strftime('%H%M%S', stamp)}-{ev.pid}-{S._safe(d.name)}"
         files, errors = {}, []
         try:
-            _make_day(o.dir, day)
+            S.make_day_dirs(o.dir, day)
             # two crashes of one PID within a second (a reused PID): both kept
             n = 1
             while any(os.path.lexists(os.path.join(o.dir, day, base + ext)) for ext in EXTENSIONS.values()):
@@ -413,17 +404,6 @@ def _merge_maps(old: list, fresh: list) -> list:
         if i == 0 or fresh[i - 1].end <= m.start:
             out.append(m)
     return sorted(out, key=lambda m: m.start)
-
-
-def _make_day(directory: str, day: str) -> None:
-    dfd = S._own_dir_fd(directory)
-    try:
-        for name in day.split(os.sep):
-            sub = S._own_dir_fd(directory, name, dir_fd=dfd)
-            os.close(dfd)
-            dfd = sub
-    finally:
-        os.close(dfd)
 
 
 def _our_paths(maps, root: Optional[str]):

@@ -220,6 +220,19 @@ def _own_dir_fd(path: str, name: Optional[str] = None, dir_fd: Optional[int] = N
     return fd
 
 
+def make_day_dirs(directory: str, day: str) -> None:
+    """DIR/HOST/DAY (day: "HOST/DAY"), host then day each made and checked
+    in its parent as _own_dir_fd does; raises ProfilerError."""
+    dfd = _own_dir_fd(directory)
+    try:
+        for name in day.split(os.sep):
+            sub = _own_dir_fd(directory, name, dir_fd=dfd)
+            os.close(dfd)
+            dfd = sub
+    finally:
+        os.close(dfd)
+
+
 def check_dir(directory: str) -> None:
     """--dir, made if missing: one line and exit 1 where root cannot write in it safely."""
     os.close(_own_dir_fd(directory))
@@ -495,14 +508,7 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
     prof, _stats = build_profile(rec, symbols.Symbolizer())
     stamp = time.localtime(rec.start_time or time.time())
     day = os.path.join(opts.host, time.strftime("%Y-%m-%d", stamp))
-    dfd = _own_dir_fd(opts.dir)
-    try:
-        for name in day.split(os.sep):      # host, then the day: each made and checked in its parent
-            sub = _own_dir_fd(opts.dir, name, dir_fd=dfd)
-            os.close(dfd)
-            dfd = sub
-    finally:
-        os.close(dfd)
+    make_day_dirs(opts.dir, day)
     code = 0
     pythons = {p.pid: p.version_str for p in rec.python_images}
     for t in targets:
