@@ -6,6 +6,7 @@ Known truth: the faulting native chain (cf_inner <- cf_middle <- cf_outer,
 ab_inner <- ab_middle <- ab_outer under abort()), the Python lines above it,
 the thread blocked at its line, the signal and the faulting address.
 """
+import contextlib
 import json
 import os
 import re
@@ -416,9 +417,27 @@ def check_not_the_old_image(d):
     assert d["python"] == "" and not python_frames(d["threads"][0]["frames"]), d
 
 
-def _start_line_watcher(tmp_path, *args):
-    """A watcher that scans once, at its start, and not again for a minute."""
-    return Watcher(str(tmp_path / "reports"), "--rescan", "60", *args)
+@contextlib.contextmanager
+def python_then_watcher(tmp_path, code, *watcher_args):
+    """A pyenv 3.11 process running `code` (it prints `ready`, then waits
+    for a line on stdin), and a watcher started after it that scans at its
+    start and not again for a minute, once it watches the process:
+    (the process, the watcher); both ended after."""
+    py = subprocess.Popen([python_or_skip("pyenv-3.11"), "-c", code], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    w = None
+    try:
+        assert py.stdout.readline().strip() == "ready"
+        w = Watcher(str(tmp_path / "reports"), "--rescan", "60", *watcher_args)
+        w.wait_for(w.err, f"watching process {py.pid} (python3.11, CPython")
+        yield py, w
+    finally:
+        if py.poll() is None:
+            py.kill()
+            py.wait()
+        if w is not None:
+            assert w.stop() == 0
 
 
 def test_an_image_replaced_by_exec_is_not_read_with_the_old_ones_layouts(tmp_path, bpf, native_wait):
@@ -426,26 +445,13 @@ def test_an_image_replaced_by_exec_is_not_read_with_the_old_ones_layouts(tmp_pat
     crashes before the next scan: BPF dropped the registration at the exec,
     so no Python frames of the old image, and the report names nothing from
     the old image's mappings; it says why."""
-    py = subprocess.Popen([python_or_skip("pyenv-3.11"), "-c",
-                           "import os, sys; print('ready', flush=True); sys.stdin.readline(); "
-                           f"os.execv({native_wait!r}, [{native_wait!r}, 'now'])"],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
-    w = None
-    try:
-        assert py.stdout.readline().strip() == "ready"
-        w = _start_line_watcher(tmp_path)
-        w.wait_for(w.err, f"watching process {py.pid} (python3.11, CPython")
+    code = ("import os, sys; print('ready', flush=True); sys.stdin.readline(); "
+            f"os.execv({native_wait!r}, [{native_wait!r}, 'now'])")
+    with python_then_watcher(tmp_path, code) as (py, w):
         py.stdin.write("go\n")
         py.stdin.flush()
         assert py.wait(timeout=30) == -11
         line = w.wait_for(w.out, f"crash: process {py.pid} ")
-    finally:
-        if py.poll() is None:
-            py.kill()
-            py.wait()
-        if w is not None:
-            assert w.stop() == 0
     d = report_of(line)
     check_not_the_old_image(d)
     assert len(d["threads"]) == 1
@@ -458,14 +464,8 @@ def test_a_pid_reused_before_the_next_scan_is_not_read_as_the_old_process(tmp_pa
     """A registered Python process ends; a C program gets its PID (set with
     ns_last_pid) and crashes before the next scan: the report is not the old
     process's (no Python frames, none of its names)."""
-    py = subprocess.Popen([python_or_skip("pyenv-3.11"), "-c",
-                           "import sys; print('ready', flush=True); sys.stdin.readline()"],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    w = None
-    try:
-        assert py.stdout.readline().strip() == "ready"
-        w = _start_line_watcher(tmp_path, "-a")
-        w.wait_for(w.err, f"watching process {py.pid} (python3.11, CPython")
+    code = "import sys; print('ready', flush=True); sys.stdin.readline()"
+    with python_then_watcher(tmp_path, code, "-a") as (py, w):
         pid = py.pid
         py.stdin.write("\n")
         py.stdin.flush()
@@ -481,12 +481,6 @@ def test_a_pid_reused_before_the_next_scan_is_not_read_as_the_old_process(tmp_pa
         else:
             pytest.skip(f"PID {pid} could not be had again")
         line = w.wait_for(w.out, f"crash: process {pid} ")
-    finally:
-        if py.poll() is None:
-            py.kill()
-            py.wait()
-        if w is not None:
-            assert w.stop() == 0
     d = report_of(line)
     check_not_the_old_image(d)
     assert d["name"] == "native_wait"
