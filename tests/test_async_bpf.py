@@ -5,12 +5,14 @@ workload's own clock, what each waits on, and a deadlocked pair named."""
 import json
 import os
 import re
+import signal
 import subprocess
+import time
 
 import pytest
 
 from conftest import (CHROOT_LABELS, Workload, chroot_cmd, chroot_workloads, env, pyoffcpu_cmd,
-                      python_or_skip, record_folded)
+                      python_or_skip, record_folded, wait_for_recording)
 
 LABELS = ["pyenv-3.11", "pyenv-3.12", "pyenv-3.13", "debian-3.11", "debian-3.14", "debian-3.15"]
 # what each task of the workload awaits (asyncio_tasks.KINDS names it)
@@ -25,11 +27,12 @@ def start(label, *args):
     return Workload(python, "async_tasks.py", *args)
 
 
-def splits(lines):
-    """The workload's own account: name -> (running s, awaiting s, total s)."""
+def splits(lines, kind="split"):
+    """The workload's own account: name -> (running s, awaiting s, total s),
+    over its whole run (split) or between its two SIGUSR1 marks (window)."""
     out = {}
     for ln in lines:
-        m = re.match(r"split (\S+) running=(\S+) awaiting=(\S+) total=(\S+)", ln)
+        m = re.match(kind + r" (\S+) running=(\S+) awaiting=(\S+) total=(\S+)", ln)
         if m:
             out[m.group(1)] = tuple(float(m.group(i)) for i in (2, 3, 4))
     return out
@@ -54,16 +57,32 @@ def task_times(prof, pid):
 @pytest.mark.parametrize("label", LABELS)
 def test_task_shares(bpf, tmp_path, label):
     """Every task's running and awaiting shares within 3 pp of its own
-    clock's, every task's time within 1% of the recording (they all live
-    through it), each await of the kind it is, and the loop thread's
-    profile unchanged in total."""
-    w = start(label, "split", "14")
+    clock's over the recording's 4 s (the workload marks them when told the
+    recording started and 4 s later), every task's time within 1% of the
+    recording (they all live through it), each await of the kind it is, and
+    the loop thread's profile unchanged in total."""
+    from pyoffcpu.profile.model import from_folded
+    w = start(label, "split", "60")
+    out = tmp_path / "out.folded"
     try:
-        res, prof = record_folded(tmp_path, "-p", str(w.pid), "--async", "-d", "4", timeout=120)
+        rec = subprocess.Popen(pyoffcpu_cmd("-o", str(out), "-p", str(w.pid), "--async", "-d", "4"),
+                               env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for_recording(rec)
+            w.proc.send_signal(signal.SIGUSR1)
+            time.sleep(4.0)
+            w.proc.send_signal(signal.SIGUSR1)
+            rec.wait(timeout=120)
+            err = rec.stderr.read()
+        finally:
+            rec.kill()
+        assert rec.returncode == 0, err
+        w.proc.send_signal(signal.SIGTERM)
         w.proc.wait(timeout=60)
-        own = splits(w.proc.stdout.read().splitlines())
+        own = splits(w.proc.stdout.read().splitlines(), "window")
     finally:
         w.stop()
+    prof = from_folded(out.read_text())
     assert set(own) == {"cpu", "ticker", "consumer", "client"}, own
     tasks, loop_wall = task_times(prof, w.pid)
     assert 3.5e9 < loop_wall < 4.5e9, loop_wall
@@ -73,6 +92,7 @@ def test_task_shares(bpf, tmp_path, label):
         ns = sum(by.values())
         assert abs(ns - loop_wall) <= 0.01 * loop_wall, (name, by, loop_wall)
         share = by.get("running", 0) / ns
+        print(f"{label} {name}: running {share:.4f} in the profile, {run / total:.4f} by its clock")
         assert abs(share - run / total) <= 0.03, (name, by, own[name])
         waited = sum(v for k, v in by.items() if k != "running") / ns
         assert abs(waited - awaiting / total) <= 0.03, (name, by, own[name])
@@ -84,7 +104,7 @@ def test_task_shares(bpf, tmp_path, label):
            and k.off_cpu is None]
     assert any(f.name == "compute_chunk" for k in cpu for f in k.frames), cpu[:3]
     assert all(k.frames[1].name == "cpu_task" for k in cpu), [k.frames[:3] for k in cpu[:3]]
-    assert "asyncio tasks" in res.stderr
+    assert "asyncio tasks" in err
 
 
 @pytest.mark.parametrize("label", LABELS)

@@ -42,7 +42,8 @@ def record(tmp_path, label, *args):
 @pytest.mark.parametrize("label", GIL_LABELS)
 def test_two_spinners_hold_the_gil_in_turn(tmp_path, bpf, label):
     """Two CPU-bound Python threads: between them the GIL is held all the
-    recording (within 2%); each thread's wall time is its on-CPU time, its
+    recording but for hand-offs (time one of them is runnable or on a CPU
+    without it); each thread's wall time is its on-CPU time, its
     wait for the GIL and for a CPU (within 1%), the GIL the largest wait;
     and it runs Python code only while it holds the GIL."""
     tids, threads, meta, stderr, not_held = record(tmp_path, label, "spinners")
@@ -60,8 +61,15 @@ def test_two_spinners_hold_the_gil_in_turn(tmp_path, bpf, label):
         assert g["on_cpu_without_ns"] <= 0.05 * t["on_cpu_ns"], (name, g, t["on_cpu_ns"])
         assert g["on_cpu_unknown_ns"] == 0, (name, g)
     dur = meta["duration_ns"]
-    print(f"\n{label}: GIL held {held / 1e9:.3f} s of {dur / 1e9:.3f} s")
-    assert abs(held - dur) <= 0.02 * dur, (held, dur)
+    # The GIL is free only in a hand-off: then the thread it goes to is
+    # runnable or on a CPU in take_gil (both always want it).  On a busy
+    # 2-core machine hand-offs add up to 2% of the time and more, so the
+    # bound is that time, plus 1% for the on-CPU split's sampling.
+    handoff = sum(threads[tids[n]]["off_cpu_by_reason_ns"].get("runqueue", 0)
+                  + threads[tids[n]]["gil_ns"]["on_cpu_without_ns"] for n in ("spinner0", "spinner1"))
+    print(f"\n{label}: GIL held {held / 1e9:.3f} s of {dur / 1e9:.3f} s, "
+          f"{handoff / 1e9:.3f} s runnable or in take_gil")
+    assert -0.01 * dur <= dur - held <= handoff + 0.01 * dur, (held, dur, handoff)
     assert "GIL state not read" not in stderr, stderr
 
 

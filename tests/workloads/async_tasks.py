@@ -11,12 +11,19 @@ One loop, started by asyncio.run(main()), with these tasks (each named):
 - deadlock mode (argv[1] == "deadlock"): two tasks, each awaiting the other
   (through futures holding the other task), plus a waiter on both.
 
-Each task adds its time per part with time.monotonic() around each await
-or compute, and prints at the end (or on SIGTERM / at --seconds) one line:
+Each task keeps its time per state (running, awaiting) with
+time.monotonic() at each change, and prints at the end (or on SIGTERM / at
+--seconds) one line:
   split NAME running=S awaiting=S total=S
 where `awaiting` is from the await's start to the task's resumption (it
-includes the time ready but queued behind other tasks).  "ready" lines
-say when the process is set up: `ready`.
+includes the time ready but queued behind other tasks).  SIGUSR1 marks a
+moment (each task's times so far, the state it is in counted up to the
+mark); after two marks a second line per task gives the time between them:
+  window NAME running=S awaiting=S total=S
+so that a recording of part of the run is compared with its own part (a
+task's share over the whole run is not its share in every few seconds of
+it: the loop's other work is not spread evenly).  "ready" says when the
+process is set up.
 """
 import asyncio
 import os
@@ -41,19 +48,40 @@ def compute_chunk(seconds):
 
 
 class Split:
+    """A task's time per state, added up at each change of state."""
+
     def __init__(self, name):
         self.name = name
-        self.running = 0.0
-        self.awaiting = 0.0
-        self.start = time.monotonic()
+        self.times = {"running": 0.0, "awaiting": 0.0}
+        self.state = "running"
+        self.since = self.start = time.monotonic()
+
+    def enter(self, state):
+        now = time.monotonic()
+        self.times[self.state] += now - self.since
+        self.state, self.since = state, now
+
+    def snapshot(self, now):
+        """(running, awaiting, total) up to now, the current state included."""
+        t = dict(self.times)
+        t[self.state] += now - self.since
+        return t["running"], t["awaiting"], now - self.start
 
     def line(self):
-        total = time.monotonic() - self.start
-        return "split %s running=%.6f awaiting=%.6f total=%.6f" % (
-            self.name, self.running, self.awaiting, total)
+        return split_line("split", self.name, self.snapshot(time.monotonic()))
+
+
+def split_line(kind, name, times):
+    return "%s %s running=%.6f awaiting=%.6f total=%.6f" % ((kind, name) + tuple(times))
 
 
 SPLITS = []
+MARKS = []      # [(monotonic time, {name: snapshot})] at each SIGUSR1
+
+
+def mark():
+    now = time.monotonic()
+    MARKS.append((now, {s.name: s.snapshot(now) for s in SPLITS}))
 
 
 def track(name):
@@ -65,29 +93,27 @@ def track(name):
 async def cpu_task(stop):
     s = track("cpu")
     while not stop.is_set():
-        t0 = time.monotonic()
+        s.enter("running")
         compute_chunk(CHUNK)
-        t1 = time.monotonic()
+        s.enter("awaiting")
         await asyncio.sleep(0)
-        t2 = time.monotonic()
-        s.running += t1 - t0
-        s.awaiting += t2 - t1
+    s.enter("running")
 
 
 async def ticker(stop):
     s = track("ticker")
     while not stop.is_set():
-        t0 = time.monotonic()
+        s.enter("awaiting")
         await asyncio.sleep(TICK)
-        s.awaiting += time.monotonic() - t0
+        s.enter("running")
 
 
 async def consumer(queue, stop):
     s = track("consumer")
     while not stop.is_set():
-        t0 = time.monotonic()
+        s.enter("awaiting")
         await queue.get()
-        s.awaiting += time.monotonic() - t0
+        s.enter("running")
 
 
 def feeder(loop, queue, stop_thread):
@@ -119,12 +145,14 @@ def slow_server(sock, stop_thread):
 
 async def client(port, stop):
     s = track("client")
+    s.enter("awaiting")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    s.enter("running")
     while not stop.is_set():
         writer.write(b"ping\n")
-        t0 = time.monotonic()
+        s.enter("awaiting")
         await reader.readline()
-        s.awaiting += time.monotonic() - t0
+        s.enter("running")
     writer.close()
 
 
@@ -146,6 +174,7 @@ async def main_split(seconds):
              asyncio.create_task(consumer(queue, stop), name="consumer"),
              asyncio.create_task(client(port, stop), name="client")]
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, mark)
     print("ready", flush=True)
     try:
         await asyncio.wait_for(stop.wait(), seconds)
@@ -155,6 +184,11 @@ async def main_split(seconds):
     await asyncio.gather(*tasks, return_exceptions=True)
     for s in SPLITS:
         print(s.line(), flush=True)
+    if len(MARKS) >= 2:
+        first, second = MARKS[0][1], MARKS[1][1]
+        for s in SPLITS:
+            print(split_line("window", s.name, (b - a for a, b in zip(first[s.name], second[s.name]))),
+                  flush=True)
 
 
 async def waits_on(other_fut):
