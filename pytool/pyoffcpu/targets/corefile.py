@@ -54,6 +54,8 @@ MAX_NOTES_BYTES = 64 << 20      # a core of 100k threads has ~35 MB of notes
 MAX_PHDRS = 1 << 20
 MAX_FILES = 1 << 20
 MAX_PATH = 4096
+MAX_HEADERS_AT = 1 << 20        # the kernel writes a core's program headers right after its ELF header
+DECOMPRESS_RESERVE = 1 << 30    # what decompressing a core leaves free, at least
 
 COMPRESSED = {                  # magic -> (what, command that writes it to stdout)
     b"\x28\xb5\x2f\xfd": ("zstd", ["zstd", "-dcq"]),
@@ -154,8 +156,39 @@ def _open_regular(path: str) -> int:
     return fd
 
 
+def claimed_size(head: bytes) -> Optional[int]:
+    """The size of the core whose first bytes are head, by its own headers:
+    the end of its last segment.  None while head is too short to say; 0
+    for a core of more than 65534 mappings (its count is in a section
+    header at its end); CoreError when it is not an ELF core."""
+    if len(head) < 64:
+        return None
+    if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1 or \
+            struct.unpack_from("<H", head, 16)[0] != ET_CORE:
+        raise CoreError("not an ELF core file")
+    phoff, shoff = struct.unpack_from("<QQ", head, 32)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+    if phentsize != 56 or phoff > MAX_HEADERS_AT:
+        raise CoreError("its program headers are not where a core has them")
+    if phnum == PN_XNUM:
+        return 0
+    if len(head) < phoff + phnum * 56:
+        return None
+    end = max(64, phoff + phnum * 56, shoff + shentsize * shnum if shoff else 0)
+    for i in range(phnum):
+        p_offset, _, _, p_filesz = struct.unpack_from("<QQQQ", head, phoff + i * 56 + 8)
+        end = max(end, p_offset + p_filesz)
+    return end
+
+
 def _decompress(path: str, fd: int, magic: bytes) -> Tuple[str, str, str]:
-    """(the decompressed copy's path, its private directory, what it was)."""
+    """(the decompressed copy's path, its private directory, what it was).
+
+    What comes out of the decompressor is bounded: never more than the size
+    the core's own headers give (a bomb's extra bytes are not written), and
+    that size must fit in the temporary directory with DECOMPRESS_RESERVE
+    (or a twentieth of its file system) left free: a file we did not write
+    cannot fill the disk."""
     for m, (what, cmd) in COMPRESSED.items():
         if magic.startswith(m):
             break
@@ -166,17 +199,66 @@ def _decompress(path: str, fd: int, magic: bytes) -> Tuple[str, str, str]:
                         f"it (apt install {cmd[0]})")
     tmp = tempfile.mkdtemp(prefix="pyoffcpu-core-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     out = os.path.join(tmp, "core")
+    os.lseek(fd, 0, os.SEEK_SET)
+    proc = subprocess.Popen(cmd, stdin=fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
+        room = _room(tmp)
+        head, size, written = b"", None, 0
         with open(out, "wb") as f:
-            os.lseek(fd, 0, os.SEEK_SET)
-            res = subprocess.run(cmd, stdin=fd, stdout=f, stderr=subprocess.PIPE, check=False)
-        if res.returncode != 0:
-            why = res.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise CoreError(f"{path}: {cmd[0]} failed: {why[-1] if why else res.returncode}")
+            while True:
+                chunk = proc.stdout.read(1 << 20)
+                if not chunk:
+                    break
+                if size is None:
+                    head += chunk
+                    try:
+                        size = claimed_size(head)
+                    except CoreError as e:
+                        raise CoreError(f"{path} is {what}-compressed, but {e}") from None
+                    if size is None:
+                        if len(head) > MAX_HEADERS_AT + PN_XNUM * 56:
+                            raise CoreError(f"{path} is {what}-compressed, but its headers do not end")
+                        continue
+                    if size > room:
+                        raise _no_room(path, tmp, size, room)
+                    chunk, head = head, b""
+                end = size or room      # 0: a core whose size its headers do not give
+                if written + len(chunk) > end and not size:
+                    raise _no_room(path, tmp, written + len(chunk), room)
+                chunk = chunk[:end - written]
+                f.write(chunk)
+                written += len(chunk)
+                if size and written >= size:
+                    break       # the core is all there; anything after it is not read
+            if size is None:
+                f.write(head)   # too short to be a core: open_core says so
+        if size is None or written < size:
+            rc = proc.wait()
+            why = proc.stderr.read(4096).decode("utf-8", "replace").strip().splitlines()
+            if rc != 0:
+                raise CoreError(f"{path}: {cmd[0]} failed: {why[-1] if why else rc}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
     return out, tmp, what
+
+
+def _room(tmp: str) -> int:
+    """Bytes a decompressed core may take in tmp's file system."""
+    st = os.statvfs(tmp)
+    keep = max(DECOMPRESS_RESERVE, st.f_blocks * st.f_frsize // 20)
+    return max(0, st.f_bavail * st.f_frsize - keep)
+
+
+def _no_room(path: str, tmp: str, size: int, room: int) -> CoreError:
+    return CoreError(f"{path} decompresses to {'over ' if size > room else ''}{size >> 20} MiB, and "
+                     f"{os.path.dirname(tmp)} has {room >> 20} MiB to spare "
+                     f"(set TMPDIR to a directory with room)")
 
 
 def open_core(path: str) -> Core:
