@@ -21,6 +21,7 @@
  *                         the system call a thread blocks in (none: not told)
  *   NATIVE_UNWIND         1 to walk user stacks with .eh_frame tables (bpf/unwind.h;
  *                         0: frame pointers, through the same finishing programs)
+ *   TASK_RSEQ_OFF         offsetof(task_struct, rseq), from BTF (-1: not known)
  * Kernel structs are never dereferenced by type: the headers bcc compiles
  * against are not the running kernel's.
  */
@@ -37,6 +38,9 @@ struct bpf_perf_event_data {
 #include "pyoffcpu.h"
 
 #define PY_MASK (MAX_PY_DEPTH - 1)
+#ifndef TASK_RSEQ_OFF
+#define TASK_RSEQ_OFF -1
+#endif
 #define TASK_DEAD_STATE 0x80        /* TASK_DEAD in prev_state: the thread's last switch */
 
 BPF_ARRAY(control, struct control_t, 1);
@@ -174,8 +178,10 @@ static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp, u64 *bx)
  * as table.lookup() only in the main file. */
 #include "unwind.h" /* inline */
 
-/* Fill key for the current thread; sends a Python stack seen for the first time. */
-static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, u32 tid, int slot)
+/* Fill key for the current thread; sends a Python stack seen for the first
+ * time.  kernel: take the kernel stack (KERNEL_STACKS) too; 0 leaves key->kstack. */
+static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, u32 tid, int slot,
+                                    int kernel)
 {
     key->tgid = tgid;
     key->tid = tid;
@@ -188,13 +194,15 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
             count_drop(DROP_USTACK);
     }
     key->nstack = 0;
+    if (kernel) {
 #if KERNEL_STACKS
-    key->kstack = kstacks.get_stackid(ctx, 0);
-    if (key->kstack < 0 && key->kstack != -14)  /* -EFAULT: sampled in user mode */
-        count_drop(DROP_KSTACK);
+        key->kstack = kstacks.get_stackid(ctx, 0);
+        if (key->kstack < 0 && key->kstack != -14)  /* -EFAULT: sampled in user mode */
+            count_drop(DROP_KSTACK);
 #else
-    key->kstack = -1;
+        key->kstack = -1;
 #endif
+    }
     key->pystack = 0;
     struct proc_info *pi = procs.lookup(&tgid);
     if (!pi) {
@@ -239,11 +247,11 @@ static __always_inline int is_target(struct control_t *ctl, u32 tgid)
 #endif
 }
 
-/* Add one event of ns to the key's entry.  A thread whose keys are held
+/* Add count events of ns to the key's entry.  A thread whose keys are held
  * for the kernel's fold (held_keys) keeps them in GEN_HELD, listed in the
  * order they are made; the one that would not fit ends the holding (the
  * thread goes to user space, the keys made from then on to the drains). */
-static __always_inline void add_time(struct stack_key *key, u64 ns)
+static __always_inline void add_time_n(struct stack_key *key, u64 count, u64 ns)
 {
     int zero = 0;
     struct control_t *ctl = control.lookup(&zero);
@@ -281,8 +289,13 @@ static __always_inline void add_time(struct stack_key *key, u64 ns)
             }
         }
     }
-    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->count, count);
     __sync_fetch_and_add(&v->ns, ns);
+}
+
+static __always_inline void add_time(struct stack_key *key, u64 ns)
+{
+    add_time_n(key, 1, ns);
 }
 
 /* The thread's entry, made when a target thread is met without one (it was
@@ -311,7 +324,9 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     struct control_t *ctl = recording(bpf_ktime_get_ns());
     if (!ctl || !is_target(ctl, tgid))
         return 0;
-    thread_entry(tid, tgid);        /* its name, in --mode cpu */
+    struct thread_t *th = thread_entry(tid, tgid);
+    if (th)                         /* its name, as it is now */
+        bpf_get_current_comm(&th->comm, sizeof(th->comm));
     /* The key lives in the per-CPU unwind state: the finishing program
      * (unwind_perf, bpf/unwind.h) walks the native stack and adds the
      * sample.  Nothing but the tail call follows the Python walk: every
@@ -324,7 +339,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     __builtin_memset(key, 0, sizeof(*key));
     key->kind = KIND_ONCPU;
     us->ts = 0;
-    capture(ctx, key, tgid, tid, 0);
+    capture(ctx, key, tgid, tid, 0, 1);
     unwind_perf_progs.call(ctx, 0);
     add_time(key, SAMPLE_PERIOD_NS);    /* the tail call failed */
     return 0;
@@ -332,29 +347,34 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 
 /* The system call the current thread is blocked in, for the high bits of
  * an off-CPU key's kind: its number + 1; SYS_OUTSIDE when the thread is in
- * none (its user pc does not follow a `syscall` instruction: it entered the
- * kernel by a fault or an interrupt, where orig_ax holds an error code);
- * 0 when that cannot be told (no user registers: a kernel thread).  pt_regs
- * offsets from BTF (-DSYS_REGS_*_OFF). */
+ * none (it entered the kernel by a fault or an interrupt); 0 when that
+ * cannot be told (no user registers: a kernel thread).  x86_64's system
+ * call entry saves the call's number in orig_ax and -ENOSYS in ax, which
+ * stays there until the call returns; a fault leaves the user's rax in ax
+ * and its error code in orig_ax, an interrupt ~vector (< 0).  One read of
+ * pt_regs from ax to cs (offsets from BTF: -DSYS_REGS_*_OFF), no user
+ * memory: the instruction before the user pc, read here before, was a
+ * third of a switch-out's cost. */
+#define NEG_ENOSYS (-38)
 static __always_inline u32 current_syscall(void)
 {
-#ifdef SYS_REGS_ORIG_AX_OFF
+#if defined(SYS_REGS_ORIG_AX_OFF) && defined(SYS_REGS_AX_OFF) && defined(SYS_REGS_CS_OFF)
+#define SYS_REGS_WORDS ((SYS_REGS_CS_OFF - SYS_REGS_AX_OFF) / 8 + 1)
+    _Static_assert(SYS_REGS_AX_OFF < SYS_REGS_ORIG_AX_OFF && SYS_REGS_ORIG_AX_OFF < SYS_REGS_CS_OFF &&
+                   SYS_REGS_WORDS <= 16, "pt_regs: ax, orig_ax and cs within 128 bytes, in that order");
     struct task_struct *task = bpf_get_current_task_btf();
     u64 regs = bpf_task_pt_regs(task);
     if (!regs)
         return 0;
-    u64 ip = 0, cs = 0;
-    s64 nr = -1;
-    if (bpf_probe_read_kernel(&ip, 8, (void *)(regs + SYS_REGS_IP_OFF)) != 0 ||
-        bpf_probe_read_kernel(&cs, 8, (void *)(regs + SYS_REGS_CS_OFF)) != 0 ||
-        bpf_probe_read_kernel(&nr, 8, (void *)(regs + SYS_REGS_ORIG_AX_OFF)) != 0)
+    u64 r[SYS_REGS_WORDS];
+    if (bpf_probe_read_kernel(r, sizeof(r), (void *)(regs + SYS_REGS_AX_OFF)) != 0)
         return 0;
-    if ((cs & 3) != 3 || ip < 2)
+    s64 ax = (s64)r[0];
+    s64 nr = (s64)r[(SYS_REGS_ORIG_AX_OFF - SYS_REGS_AX_OFF) / 8];
+    u64 cs = r[(SYS_REGS_CS_OFF - SYS_REGS_AX_OFF) / 8];
+    if ((cs & 3) != 3)
         return 0;
-    u16 insn = 0;
-    if (bpf_probe_read_user(&insn, 2, (void *)(ip - 2)) != 0)
-        return 0;
-    if (insn != 0x050f || nr < 0 || nr >= SYS_OUTSIDE - 1)     /* 0f 05: syscall */
+    if (ax != NEG_ENOSYS || nr < 0 || nr >= SYS_OUTSIDE - 1)
         return SYS_OUTSIDE;
     return (u32)nr + 1;
 #else
@@ -425,61 +445,7 @@ static __always_inline void add_wake(u32 tid, u64 from, struct stack_key *key, u
 }
 #endif
 
-/* next goes on a CPU: close the interval it spent off it. */
-static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u64 exec)
-{
-    struct thread_t *th = threads.lookup(&tid);
-    if (!th) {
-        count_drop(DROP_NO_THREAD);
-        return;
-    }
-    if (th->flags & TH_ON) {
-        /* On a CPU since its last switch-in, yet switched in again: its
-         * switch-out was not seen.  Its runtime tells how much of the span it
-         * ran; the rest was off-CPU, with no stack. */
-        u64 span = now - th->ts;
-        u64 on = exec > th->exec_ns ? exec - th->exec_ns : 0;
-        if (on > span)
-            on = span;
-        th->on_ns += on;
-        th->unseen_ns += span - on;
-        count_drop_ns(DROP_OUT_UNSEEN, span - on);
-    }
-    th->exec_ns = exec;
-    if (!th->first_ts) {
-        th->first_ts = now;
-        th->flags |= TH_FIRST_IN;
-    }
-    struct offcpu_start *st = offcpu_start.lookup(&tid);
-    if (st) {
-        struct stack_key key;
-        open_key(tid, st, &key);
-        u64 from = st->ts > ctl->start_ns ? st->ts : ctl->start_ns;
-        u64 ns = now - from;
-        u64 len = now - st->ts;         /* the whole wait, from before the start too */
-        offcpu_start.delete(&tid);
-        if (len < ctl->min_block_ns || (ctl->max_block_ns && len > ctl->max_block_ns)) {
-            int i = 0;
-            u64 *n = block_filtered.lookup(&i);
-            if (n)
-                *n += 1;
-            i = 1;
-            n = block_filtered.lookup(&i);
-            if (n)
-                *n += ns;
-        } else {
-            add_time(&key, ns);
-            th->off_ns += ns;
-#if WAKERS
-            add_wake(tid, st->ts, &key, ns);
-#endif
-        }
-    } else if (th->flags & TH_OFF) {
-        count_drop_ns(DROP_START_FULL, now - th->ts);   /* its stack was lost */
-    }
-    th->flags = (th->flags & ~TH_OFF) | TH_ON;
-    th->ts = now;
-}
+#include "waits.h" /* inline */
 
 /* Which of a switch's two threads belong to a target: SW_PREV (the thread
  * going off the CPU, still current) and SW_NEXT.  Every switch on the machine
@@ -539,10 +505,17 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     if (!ctl)
         return 0;
     u64 id = bpf_get_current_pid_tgid();
-    /* next's tgid from its task_struct (offsets from BTF); pid and runtime
-     * only once it is known to be a target's */
-    u32 next_tgid = 0;
+    /* next's tgid from its task_struct (offsets from BTF), with its pid in
+     * the same read where they are side by side, as in every kernel */
+    u32 next_tgid = 0, next_tid = 0;
+#if TASK_TGID_OFF == TASK_PID_OFF + 4
+    u32 pt[2] = {};
+    bpf_probe_read_kernel(pt, sizeof(pt), (void *)(ctx->args[2] + TASK_PID_OFF));
+    next_tid = pt[0];
+    next_tgid = pt[1];
+#else
     bpf_probe_read_kernel(&next_tgid, sizeof(next_tgid), (void *)(ctx->args[2] + TASK_TGID_OFF));
+#endif
     u32 which = switch_targets(ctl, (u32)id, id >> 32, next_tgid);
     if (__builtin_expect(which == 0, 1))
         return 0;
@@ -555,23 +528,17 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 
     /* Switch-in. */
     if (which & SW_NEXT) {
-        u32 next_tid = 0;
-        u64 next_exec = 0;
+#if TASK_TGID_OFF != TASK_PID_OFF + 4
         bpf_probe_read_kernel(&next_tid, sizeof(next_tid), (void *)(next + TASK_PID_OFF));
-        bpf_probe_read_kernel(&next_exec, sizeof(next_exec), (void *)(next + TASK_EXEC_OFF));
+#endif
         if (next_tid)
-            switch_in(ctl, next_tid, now, next_exec);
+            switch_in(ctl, next_tid, now, next);
     }
 
-    /* Switch-out: prev is still current, so its stacks are ours to take. */
+    /* Switch-out: prev is current (bpf_get_current_pid_tgid is its), so
+     * its stacks are ours to take. */
     if (!(which & SW_PREV))
         return 0;
-    u32 prev_tid = 0;
-    bpf_probe_read_kernel(&prev_tid, sizeof(prev_tid), (void *)(ctx->args[1] + TASK_PID_OFF));
-    if (prev_tid != prev) {
-        count_drop(DROP_NO_THREAD);
-        return 0;
-    }
     struct thread_t *th = thread_entry(prev, tgid);
     if (!th)
         return 0;
@@ -597,7 +564,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         u64 on = exec > th->exec_ns ? exec - th->exec_ns : 0;
         if (on > span)
             on = span;
-        struct offcpu_start *open_st = offcpu_start.lookup(&prev);
+        struct offcpu_start *open_st = (th->flags & TH_CAPTURED) ? offcpu_start.lookup(&prev) : 0;
         if (open_st) {
             struct stack_key okey;
             open_key(prev, open_st, &okey);
@@ -605,7 +572,15 @@ RAW_TRACEPOINT_PROBE(sched_switch)
             if (span > on) {
                 add_time(&okey, span - on);
                 th->off_ns += span - on;
+                if (ctl->offcpu == OFFCPU_SHADOW) {     /* the sampled view's too */
+                    okey.kind |= KIND_SHADOW;
+                    add_time(&okey, span - on);
+                }
             }
+        } else if (!(th->flags & TH_CAPTURED) && span > on) {
+            /* its stack was not taken, and it has run since: not known */
+            add_stackless(tgid, prev, th->wait_kind, -1, span - on);
+            th->off_ns += span - on;
         }
         th->on_ns += on;
         count_drop(DROP_IN_UNSEEN);
@@ -615,11 +590,17 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     }
     th->on_ns += now - from;
     th->exec_ns = exec;
-    th->flags = (th->flags & ~TH_ON) | TH_OFF;
+    th->flags = (th->flags & ~(TH_ON | TH_CAPTURED)) | TH_OFF;
     th->ts = now;
-    bpf_get_current_comm(&th->comm, sizeof(th->comm));
     u64 state = ctx->args[3];
+    if (th->flags & TH_PENDING)
+        owed_at_switch_out(th, prev);
+    left_cpu(prev);
     if (state & TASK_DEAD_STATE) {  /* exiting: it will not come back */
+        bpf_get_current_comm(&th->comm, sizeof(th->comm));     /* its last name: its group's */
+        if (th->flags & TH_PENDING)
+            owed_lost(th, prev);        /* it will not return to user space */
+        short_flush(th, prev);
         th->flags = (th->flags & ~TH_OFF) | TH_EXITED;
         th->last_ts = now;
         switch_memo.delete(&prev);
@@ -627,17 +608,38 @@ RAW_TRACEPOINT_PROBE(sched_switch)
             fold_progs.call(ctx, 0);    /* fold_exit */
         return 0;
     }
-    /* As in on_cpu_sample: unwind_tp reuses or walks the native stack and
-     * records the interval start. */
+    u32 kind = off_cpu_kind(ctx->args[0], state) | (current_syscall() << SYS_SHIFT);
+    u32 mode = ctl->offcpu;
+    if (mode != OFFCPU_EXACT) {
+        /* the wait's kind (and kernel stack) kept for its switch-in, which
+         * decides whether its stack is owed */
+        if (!(th->flags & (TH_RSEQ | TH_NO_RSEQ)))
+            th->flags |= has_rseq() ? TH_RSEQ : TH_NO_RSEQ;
+        th->wait_kind = kind;
+#if KERNEL_STACKS
+        th->wait_kstack = kstacks.get_stackid(ctx, 0);
+#else
+        th->wait_kstack = -1;
+#endif
+        if (mode == OFFCPU_SAMPLED && !(th->flags & TH_NO_RSEQ))
+            return 0;
+    }
+    /* OFFCPU_EXACT (and a thread without rseq): the stack now.  As in
+     * on_cpu_sample, unwind_tp reuses or walks the native stack and records
+     * the interval start.  The thread's name is kept where a stack is taken
+     * (a name changes seldom; reading it costs a helper call). */
+    th->flags |= TH_CAPTURED;
+    bpf_get_current_comm(&th->comm, sizeof(th->comm));
     int slot = 1;
     struct unwind_state *us = unwind_scratch.lookup(&slot);
     if (!us)
         return 0;
     struct stack_key *key = &us->key;
     __builtin_memset(key, 0, sizeof(*key));
-    key->kind = off_cpu_kind(ctx->args[0], state) | (current_syscall() << SYS_SHIFT);
+    key->kind = kind;
     us->ts = now;
-    capture(ctx, key, tgid, prev, 1);
+    us->owed = 0;
+    capture(ctx, key, tgid, prev, 1, 1);
     unwind_tp_progs.call(ctx, 1);       /* memo_tp */
     struct offcpu_start st = {};        /* the tail call failed */
     st.key = *key;
@@ -1102,7 +1104,7 @@ RAW_TRACEPOINT_PROBE(sched_waking)
         u32 tgid = id >> 32;
         key->kind = WAKER_TASK;     /* before the tail call: it does not return */
         if (procs.lookup(&tgid)) {
-            capture(ctx, key, tgid, (u32)id, 2);
+            capture(ctx, key, tgid, (u32)id, 2, 1);
             unwind_wake_progs.call(ctx, 1);     /* memo_wake */
             us->ready = 0;          /* the tail call failed: no native stack */
         } else {

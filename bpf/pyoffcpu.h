@@ -107,6 +107,17 @@ struct pystack {
 #define GIL_UNKNOWN         0       /* not read (not a Python thread, no layout) */
 #define GIL_FREE            1       /* another thread holds it, or nobody */
 #define GIL_HELD            2       /* this thread holds it */
+/* ... and above those, how a wait's time is counted (control.offcpu: the
+ * sampled waits, docs/offcpu-sampling.md).  A key without either flag holds
+ * waits whose stacks were all taken, at their exact durations. */
+#define KIND_SAMPLED        0x4000000     /* stacks of waits shorter than the period, taken with
+                                           probability d/T: the weight is T each, a share of
+                                           their thread's KIND_SHORT total for that kind */
+#define KIND_SHORT          0x8000000     /* no stack: the exact total of a thread's waits shorter
+                                           than the period, per kind (count: how many) */
+#define KIND_SHADOW         0x10000000    /* OFFCPU_SHADOW (tests): the sampled path's key, kept
+                                           apart from the exact one of the same waits */
+#define KIND_FLAGS          0x1c000000 /* all three */
 
 struct stack_key {
     unsigned int tgid;
@@ -145,8 +156,20 @@ struct control_t {
     unsigned long long min_block_ns;    /* --min-block-us: shorter waits are left out */
     unsigned long long max_block_ns;    /* --max-block-us (0: none): longer ones too */
     unsigned int fold;              /* FOLD_*: ended threads folded here (fold_exit) */
-    unsigned int pad2;
+    unsigned int offcpu;            /* OFFCPU_*: where a wait's stack is taken */
 };
+/* control.offcpu.  OFFCPU_EXACT: a stack at every switch-out, as the thread
+ * leaves the CPU.  OFFCPU_SAMPLED: the switch-out keeps the wait's kind and
+ * time only; at its switch-in a wait of d >= T (the sampling period) is owed
+ * a stack at weight d, a shorter one with probability d/T at weight T (its
+ * time goes to its thread's KIND_SHORT total all the same), and the stack is
+ * taken in the thread's own context on its way back to user space
+ * (rseq_update: the user stack has not changed since it blocked).  A thread
+ * without rseq is captured at its switch-outs.  OFFCPU_SHADOW (tests): both,
+ * the sampled path's keys marked KIND_SHADOW. */
+#define OFFCPU_EXACT    0
+#define OFFCPU_SAMPLED  1
+#define OFFCPU_SHADOW   2
 
 /* Threads born during the recording that end in it, folded in the kernel
  * at their last switch (fold_exit), into one group per process, entry stack
@@ -166,6 +189,7 @@ struct control_t {
 #define FOLD_SCALE_MAX  (1ULL << 32)
 #define USTACK_UNSAMPLED (-1000)    /* stack_key.ustack: on-CPU time no sample landed in */
 #define USTACK_NO_STACK  (-1001)    /* ... time whose stack is not known */
+#define USTACK_SHORT     (-1002)    /* ... a KIND_SHORT total (waits shorter than the period) */
 #define STACK_ENTRY     1           /* stack_class: the stack names an entry function */
 #define STACK_NO_ENTRY  2           /* ... it does not (threading's frames only) */
 struct held_t {
@@ -205,6 +229,12 @@ struct group_t {
 #define TH_FIRST_OUT  32            /* ... a switch-out: it was running at the start */
 #define TH_HELD       64            /* its keys are held for the kernel's fold (held_keys) */
 #define TH_KFOLDED    128           /* FOLD_SHADOW: the kernel folded it too */
+#define TH_CAPTURED   256           /* its open wait's stack was taken at the switch-out
+                                       (offcpu_start holds it) */
+#define TH_PENDING    512           /* a stack is owed for its last wait (pend_*) */
+#define TH_RSEQ       1024          /* checked: it has rseq (rseq_update fires for it) */
+#define TH_NO_RSEQ    2048          /* ... it has none, or went back to user space without
+                                       rseq_update: its waits are captured at their switch-outs */
 struct thread_t {
     unsigned int tgid;
     unsigned int flags;
@@ -216,7 +246,25 @@ struct thread_t {
     unsigned long long exec_ns;     /* its se.sum_exec_runtime at its last switch */
     unsigned long long unseen_ns;   /* off-CPU time after a switch-out BPF did not see */
     char comm[16];
+    /* OFFCPU_SAMPLED: the open wait (TH_OFF) and the stack owed (TH_PENDING) */
+    unsigned int wait_kind;         /* its kind (state, system call) at the switch-out */
+    int wait_kstack;                /* --kernel: its kernel stack, taken there */
+    unsigned int pend_kind;         /* the owed capture's key kind (KIND_SAMPLED or not) */
+    int pend_kstack;
+    unsigned long long pend_ns;     /* its weight */
+    unsigned long long pend_from;   /* the wait's start (--wakers: a waker after it woke it) */
+    /* its KIND_SHORT total of one kind not in agg yet: added when a wait of
+     * another kind comes, past SHORT_FLUSH_NS, at its end, and by user space
+     * at the end of the recording */
+    unsigned int short_kind;
+    unsigned int short_n;           /* how many waits */
+    unsigned long long short_ns;
+    unsigned int pend_rounds;       /* switch-outs the owed capture was kept over (still in
+                                       the kernel since its wait); MAX_PEND_ROUNDS at most */
+    unsigned int pend_pad;
 };
+#define MAX_PEND_ROUNDS 32
+#define SHORT_FLUSH_NS  100000000   /* 100 ms: a live view lags no more than that */
 
 struct offcpu_start {
     struct stack_key key;
@@ -285,9 +333,12 @@ struct wake_key {
 #define DROP_NO_THREAD     11       /* unknown thread: a target thread switched in with no entry */
 #define DROP_IN_UNSEEN     12       /* switch-in not seen: recovered exactly from the kernel's runtime */
 #define DROP_OUT_UNSEEN    13       /* switch-out not seen: times recovered, the stack of the wait lost */
-#define N_DROPS            14
+#define DROP_CAPTURE_LOST  14       /* wait stack not taken: the thread returned to user space without rseq_update (then captured at its switch-outs) */
+#define DROP_IN_LATE       15       /* switch-in not seen, its wait's stack taken on the way back to user space */
+#define N_DROPS            16
 /* drops_ns holds the time lost for the drops that lose time: DROP_AGG_FULL
  * (the weight that could not be added), DROP_START_FULL (the blocked
- * interval whose start could not be kept, known from thread_t.ts). */
+ * interval whose start could not be kept, known from thread_t.ts),
+ * DROP_CAPTURE_LOST (the weight kept without a stack). */
 
 #endif

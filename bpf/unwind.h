@@ -71,6 +71,7 @@ _Static_assert((MAX_NATIVE_DEPTH + UNWIND_FRAMES_PER_CALL - 1) / UNWIND_FRAMES_P
 #define NATIVE_MASK (MAX_NATIVE_DEPTH - 1)
 
 static __always_inline void add_time(struct stack_key *key, u64 ns);
+static __always_inline void owed_recorded(struct unwind_state *s);     /* pyoffcpu.bpf.c */
 
 /* The template of a file's table (user space makes each one its own size:
  * BPF_F_INNER_MAP) and the slots that hold them. */
@@ -617,9 +618,14 @@ static __always_inline struct switch_memo_t *memo_match(struct unwind_state *s,
     return m;
 }
 
-/* The end of a switch-out: the interval starts, with the key made. */
+/* The end of a switch-out: the interval starts, with the key made; or of
+ * an owed capture (rseq_capture): its weight is added. */
 static __always_inline void switch_recorded(struct unwind_state *s)
 {
+    if (s->owed) {
+        owed_recorded(s);
+        return;
+    }
     u32 tid = s->key.tid;
     struct offcpu_start st = {};
     st.key = s->key;

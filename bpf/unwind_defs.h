@@ -162,6 +162,9 @@ struct unwind_state {
     unsigned int bp_src;            /* the memo word bp was read from, or MEMO_SRC_* */
     long long sp_off;               /* the leaf sp - the thread pointer (xmemo_key) */
     unsigned long long verify;      /* MEMO_VERIFY: the stack the memo gave, to compare */
+    unsigned long long owed_ns;     /* rseq_update: the weight of the wait captured (owed = 1) */
+    unsigned int owed;              /* 1: the key is an owed capture (add it), 0: a switch-out's */
+    unsigned int owed_pad;
     unsigned long long win_lo;
     unsigned char win[UNWIND_WIN + 16];  /* a copy of the stack the walk is in */
     struct native_stack st;

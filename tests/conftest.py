@@ -233,13 +233,14 @@ def env():
 class Workload:
     """A workload process that prints `ready` once set up."""
 
-    def __init__(self, python, script, *args, argv=None):
+    def __init__(self, python, script, *args, argv=None, env=None):
         """Runs `python WORKLOADS/script args`, or `argv` as given (a chroot
-        interpreter: chroot_cmd / chroot_ns_cmd)."""
+        interpreter: chroot_cmd / chroot_ns_cmd); env: variables added to ours."""
         if argv is None:
             argv = [python, os.path.join(WORKLOADS, script), *map(str, args)]
         self.script = script
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, **env) if env else None)
         self.lines = []
         while True:
             line = self.proc.stdout.readline()
@@ -324,3 +325,79 @@ def torch_python():
     """pyenv 3.11 with PyTorch from PyPI, cached across runs (cached_venv)."""
     import venvs
     return cached_venv("torch", python_or_skip("pyenv-3.11"), [venvs.TORCH])
+
+
+class TwoCallers:
+    """A recording of tests/workloads/two_callers.py (one helper called
+    from two lines, 30/70 of the caller's blocked time by construction)
+    against the workload's own clock of the same window (SIGUSR1 when
+    pyoffcpu says it records, SIGUSR2 as the window ends): line A's share
+    of the caller's off-CPU time in the profile and by that clock."""
+
+    def __init__(self, label, prof, pid, truth_a, stderr):
+        from pyoffcpu.profile.model import FrameKind
+        line_a = source_line("two_callers.py", "# LINE A")
+        line_b = source_line("two_callers.py", "# LINE B")
+        self.label, self.prof, self.truth_a, self.stderr = label, prof, truth_a, stderr
+        by_line, in_helper = {}, 0
+        for k, ns in prof.weights.items():
+            if k.tid != pid or k.off_cpu is None:
+                continue
+            py = [f for f in k.frames if f.kind is FrameKind.PYTHON]
+            line = next((f.line for f in py if f.name == "caller" and f.file.endswith("two_callers.py")),
+                        None)
+            by_line[line] = by_line.get(line, 0) + ns
+            if line in (line_a, line_b) and py and py[-1].name == "wait_on":
+                in_helper += ns
+        self.a, self.b = by_line.get(line_a, 0), by_line.get(line_b, 0)
+        self.blocked, self.in_helper = sum(by_line.values()), in_helper
+        self.shares = {line: round(100.0 * ns / max(self.blocked, 1), 2) for line, ns in by_line.items()}
+        self.share_a = 100.0 * self.a / max(self.a + self.b, 1)
+        print(f"\n{label}: caller's off-CPU time by line (A={line_a}, B={line_b}): {self.shares}; "
+              f"line A {self.share_a:.2f}% (the workload's own clock: {truth_a:.2f}%)")
+
+    @classmethod
+    def record(cls, label, tmp_path, seconds, *args, block_s=None, env_extra=None, workload_env=None):
+        """Record the workload (blocks of block_s, default its 1 ms) for
+        `seconds` with pyoffcpu's extra `args`."""
+        from pyoffcpu.profile.model import from_folded
+        python = python_or_skip(label)
+        extra = [] if block_s is None else [str(block_s)]
+        if label in CHROOT_LABELS:
+            w = Workload(None, "two_callers.py", argv=chroot_cmd(
+                label, os.path.join(chroot_workloads(), "two_callers.py"), 60, *extra))
+        else:
+            w = Workload(python, "two_callers.py", 60, *extra, env=workload_env)
+        out = tmp_path / "out.folded"
+        p = None
+        try:
+            p = subprocess.Popen(pyoffcpu_cmd("-o", str(out), "-p", str(w.pid), *args),
+                                 env=dict(env(), **(env_extra or {})), stderr=subprocess.PIPE, text=True)
+            wait_for_recording(p)
+            os.kill(w.pid, signal.SIGUSR1)          # the workload's own clock starts with the window
+            time.sleep(seconds)
+            # ... and ends with it: the workload's split, then Ctrl-C (the window
+            # must not take in pyoffcpu's merge and export, whose CPU moves the split)
+            os.kill(w.pid, signal.SIGUSR2)
+            p.send_signal(signal.SIGINT)
+            stderr = p.stderr.read()
+            truth = w.proc.stdout.readline()
+            assert p.wait(timeout=60) == 0, stderr
+        finally:
+            if p is not None and p.poll() is None:
+                p.kill()
+            w.stop()
+        m = re.search(r"split A=([\d.]+) B=([\d.]+) blocks=(\d+)", truth)
+        assert m, truth
+        return cls(label, from_folded(out.read_text()), w.pid, float(m.group(1)), stderr)
+
+    def check_whole(self, seconds):
+        """The caller blocks most of the time, nearly all of it in wait_on
+        from line A or B."""
+        assert self.blocked > 0.8 * seconds * 1e9, (self.blocked, self.stderr)
+        assert self.a + self.b >= 0.98 * self.blocked, self.shares
+        assert self.in_helper >= 0.98 * (self.a + self.b), (self.in_helper, self.a + self.b)
+
+    def explain(self):
+        return (f"line A {self.share_a:.2f}% / line B {100 - self.share_a:.2f}% of the blocked time; "
+                f"the workload's own clock says {self.truth_a:.2f}%, built as 30/70", self.shares)

@@ -27,31 +27,12 @@ import time
 
 import pytest
 
-from conftest import (CHROOT_LABELS, MATRIX_LABELS, WORKLOADS, Workload, chroot_cmd,
-                      chroot_workloads, env, pyoffcpu_cmd, python_or_skip, source_line,
-                      record_folded, wait_for_recording)
-from pyoffcpu.profile.model import FrameKind, from_folded
+from conftest import (MATRIX_LABELS, WORKLOADS, TwoCallers, Workload, env, pyoffcpu_cmd,
+                      python_or_skip, record_folded, wait_for_recording)
 
 DURATION = 4
 FREQUENCY = 99                  # pyoffcpu's default -F
 ACCOUNT_TOL = 0.005             # on + off vs the recording's length
-
-
-LINE_A = source_line("two_callers.py", "# LINE A")
-LINE_B = source_line("two_callers.py", "# LINE B")
-
-
-def caller_line(key):
-    """The line of two_callers.py's caller() this stack is under, or None."""
-    for f in key.frames:
-        if f.kind is FrameKind.PYTHON and f.name == "caller" and f.file.endswith("two_callers.py"):
-            return f.line
-    return None
-
-
-def innermost_python(key):
-    py = [f for f in key.frames if f.kind is FrameKind.PYTHON]
-    return py[-1].name if py else None
 
 
 # -- issue 8: one helper, two lines ---------------------------------------------
@@ -77,62 +58,17 @@ def test_two_callers_workload_splits_30_70_by_its_own_clock(label):
 
 @pytest.mark.parametrize("label", MATRIX_LABELS + ["debian-3.15"])
 def test_helper_called_from_two_lines_is_charged_to_each_line(label, tmp_path, bpf):
-    python = python_or_skip(label)
-    if label in CHROOT_LABELS:
-        w = Workload(None, "two_callers.py", argv=chroot_cmd(
-            label, os.path.join(chroot_workloads(), "two_callers.py"), 60))
-    else:
-        w = Workload(python, "two_callers.py", 60)
-    out = tmp_path / "out.folded"
-    p = None
-    try:
-        p = subprocess.Popen(pyoffcpu_cmd("-o", str(out), "-p", str(w.pid)),
-                             env=env(), stderr=subprocess.PIPE, text=True)
-        wait_for_recording(p)
-        os.kill(w.pid, signal.SIGUSR1)          # the workload's own clock starts with the window
-        time.sleep(DURATION)
-        # ... and ends with it: the workload's split, then Ctrl-C (the window
-        # must not take in pyoffcpu's merge and export, whose CPU moves the split)
-        os.kill(w.pid, signal.SIGUSR2)
-        p.send_signal(signal.SIGINT)
-        stderr = p.stderr.read()
-        truth = w.proc.stdout.readline()
-        assert p.wait(timeout=60) == 0, stderr
-    finally:
-        if p is not None and p.poll() is None:
-            p.kill()
-        w.stop()
-    m = re.search(r"split A=([\d.]+) B=([\d.]+) blocks=(\d+)", truth)
-    assert m, truth
-    truth_a = float(m.group(1))
-    prof = from_folded(out.read_text())
-    res = subprocess.CompletedProcess(p.args, 0, "", stderr)
-    by_line = {}
-    in_helper = 0
-    for k, ns in prof.weights.items():
-        if k.tid != w.pid or k.off_cpu is None:
-            continue
-        line = caller_line(k)
-        by_line[line] = by_line.get(line, 0) + ns
-        if line in (LINE_A, LINE_B) and innermost_python(k) == "wait_on":
-            in_helper += ns
-    a, b = by_line.get(LINE_A, 0), by_line.get(LINE_B, 0)
-    blocked = sum(by_line.values())
-    shares = {line: round(100.0 * ns / max(blocked, 1), 2) for line, ns in by_line.items()}
-    print(f"\n{label}: caller's off-CPU time by line (A={LINE_A}, B={LINE_B}): {shares}")
-    # the caller blocks ~95% of the time, nearly all of it in wait_on from A or B
-    assert blocked > 0.8 * DURATION * 1e9, (blocked, res.stderr)
-    assert a + b >= 0.98 * blocked, shares
-    assert in_helper >= 0.98 * (a + b), (in_helper, a + b)
-    share_a = 100.0 * a / (a + b)
-    print(f"{label}: line A {share_a:.2f}% (the workload's own clock: {truth_a:.2f}%)")
+    """At -F 999 every 1 ms block is longer than the sampling period: each
+    one's stack is taken (at its switch-in, on the thread's way back to
+    user space, through the same native-walk memo as a switch-out's) at
+    its exact length, so the split is exact."""
+    split = TwoCallers.record(label, tmp_path, DURATION, "-F", "999")
+    split.check_whole(DURATION)
     # the design (30/70) within 1 pp on a quiet machine; the workload's own
     # clock of the window within 1 pp always; a line charged with the other's
     # time (the bug this guards) is off by tens of points
-    assert abs(share_a - truth_a) <= 1, (
-        f"line A {share_a:.2f}% / line B {100 - share_a:.2f}% of the blocked time; the "
-        f"workload's own clock says {truth_a:.2f}%, built as 30/70", shares)
-    assert abs(share_a - 30) <= 3, (share_a, truth_a, shares)
+    assert abs(split.share_a - split.truth_a) <= 1, split.explain()
+    assert abs(split.share_a - 30) <= 3, split.explain()
 
 
 # -- the accounting invariant: on + off = the recording ---------------------------

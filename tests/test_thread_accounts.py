@@ -13,9 +13,11 @@ START, END = 1_000_000_000, 3_000_000_000          # a 2 s window (monotonic ns)
 PID = 50
 
 
-def record(tid, *, flags=0, on_ns=0, ts=0, first_ts=0, last_ts=0, unseen_ns=0, comm=b"worker"):
+def record(tid, *, flags=0, on_ns=0, ts=0, first_ts=0, last_ts=0, unseen_ns=0, comm=b"worker",
+           short_kind=0, short_n=0, short_ns=0, pend_kind=0, pend_kstack=-1, pend_ns=0):
     return SimpleNamespace(tgid=PID, comm=comm, on_ns=on_ns, flags=flags, ts=ts, first_ts=first_ts,
-                           last_ts=last_ts, unseen_ns=unseen_ns)
+                           last_ts=last_ts, unseen_ns=unseen_ns, short_kind=short_kind, short_n=short_n,
+                           short_ns=short_ns, pend_kind=pend_kind, pend_kstack=pend_kstack, pend_ns=pend_ns)
 
 
 def accounts(mode="wall", fold=True, left_out=lambda ns: False):
@@ -115,3 +117,38 @@ def test_keep_tids_keeps_every_ended_thread_and_cpu_mode_counts_samples():
     t = close(acc, 31, th)
     assert t is acc.rec.threads[31] and t.exited and t.samples == 7
     assert t.on_ns == 7 * (10**9 // 99)             # samples x period at 99 Hz
+
+
+def test_sampled_waits_left_in_a_threads_entry_are_added_at_its_close():
+    """--off-cpu sampled: the short waits BPF keeps in the thread's entry
+    until it flushes them, and a stack owed but not taken before the end,
+    go to the thread with their exact time (their stack: none)."""
+    from pyoffcpu.collect import bpfdefs
+    from pyoffcpu.collect.recording import SHORT_WAITS
+    from pyoffcpu.profile.waits import KIND_SAMPLED, KIND_SHORT
+    acc = accounts()
+    futex = bpfdefs.KIND_SLEEP | (203 << bpfdefs.SYS_SHIFT)
+    th = record(7, flags=TH["OFF"] | TH["PENDING"], ts=START + 10, first_ts=START + 5,
+                short_kind=futex, short_n=12, short_ns=3456, pend_kind=futex | KIND_SAMPLED, pend_ns=10_101_010)
+    acc.thread_times(7, th)
+    acc.close_thread(7, th)
+    stacks = acc.rec.stacks
+    assert stacks[(PID, 7, SHORT_WAITS, -1, 0, futex | KIND_SHORT)] == [12, 3456]
+    assert stacks[(PID, 7, NO_STACK, -1, 0, futex | KIND_SAMPLED)] == [1, 10_101_010]
+    assert acc.rec.drops == {"wait's stack not taken (the recording ended)": 1}
+
+
+def test_native_stacks_read_twice_for_one_thread_get_ids_of_their_own():
+    """The waits open at the end are read in passes: a thread whose wait
+    changed between two passes is read again.  Each read is a stack of its
+    own (an id shared by two reads gave a thread the other's stack)."""
+    from pyoffcpu.collect.preexisting import BlockedThreads
+    caps = iter(range(100))
+    session = SimpleNamespace(native_ids={}, rec=Recording(Options()),
+                              unwinder=SimpleNamespace(capture_blocked=lambda pid, tid: ("cap", next(caps))))
+    b = BlockedThreads(session)
+    first = b.native_now(PID, 7, "end")
+    again = b.native_now(PID, 7, "end")
+    other = b.native_now(PID, 8, "end")
+    assert len({first, again, other}) == 3
+    assert b.captured[first] == (PID, ("cap", 0)) and b.captured[again] == (PID, ("cap", 1))

@@ -21,6 +21,7 @@ Examples:
   sudo pyoffcpu -p 4242 --mode off --reasons lock,gil   # only waits for locks and the GIL
   sudo pyoffcpu -p 4242 --mode off --min-block-us 10000  # only waits of 10 ms or more
   sudo pyoffcpu -p 4242 --wakers -d 10   # and who ended each thread's waits
+  sudo pyoffcpu -p 4242 --off-cpu exact  # a stack at every switch (default: sampled at -F)
   sudo pyoffcpu -p 4242 --async -d 10    # asyncio: each task's time, running and awaiting
   sudo pyoffcpu -p 4242 --mode cpu -F 499 --kernel # on-CPU only, with kernel frames
   sudo pyoffcpu -a -d 10                 # every process on the machine, on-CPU
@@ -97,6 +98,13 @@ def fail(msg: str, todo: str = "", code: int = 1):
 @click.option("--reasons", "only_reasons", metavar="LIST", default=None,
               help="Keep only the off-CPU time of these reasons, comma-separated (runqueue, "
                    "sleep, lock, gil, io, poll, disk, page-fault, gpu, other); on-CPU time stays.")
+@click.option("--off-cpu", "offcpu", type=click.Choice(["sampled", "exact"]), default="sampled",
+              show_default=True,
+              help="Where a wait's stack is taken (wall and off mode; every wait's time is exact "
+                   "either way). sampled: only as often as a wall-clock sampler at -F would see it: "
+                   "every wait of 1/F or more, exactly; a shorter one with probability d*F, its time "
+                   "split over the stacks sampled (docs/offcpu-sampling.md). exact: at every "
+                   "switch, at a cost per switch.")
 @click.option("--min-block-us", type=click.IntRange(min=0), default=0, metavar="US",
               help="Leave out waits shorter than US microseconds (their count and time are printed).")
 @click.option("--max-block-us", type=click.IntRange(min=1), default=None, metavar="US",
@@ -129,7 +137,7 @@ def fail(msg: str, todo: str = "", code: int = 1):
                    "(env PYOFFCPU_TABLES_FIRST=1 sets it for every command).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt,
-           only_reasons, min_block_us, max_block_us, wakers, async_tasks, async_hz, kernel,
+           only_reasons, offcpu, min_block_us, max_block_us, wakers, async_tasks, async_hz, kernel,
            no_threads, full_paths, keep_tids, tables_first, command):
     """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
     from .export import check_writable, format_for_path
@@ -197,6 +205,8 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
                    max_block_ns=(max_block_us or 0) * 1000, wakers=wakers,
                    async_tasks=async_tasks, async_hz=async_hz,
                    tables_first=tables_first or tables_first_env())
+    if offcpu == "exact" or os.environ.get("PYOFFCPU_OFFCPU") != "shadow":
+        opts.offcpu = offcpu
     try:
         from .commands.record import record as run_record
         run_record(opts, output, fmt, not no_threads, full_paths, only_reasons)

@@ -12,7 +12,9 @@ other line: a profiler that reuses the previous capture when the helper
 blocks "in the same place" charges one line with everything.
 
 Single-threaded (no GIL hand-offs); the CPU part is a few microseconds per
-block.  Prints "ready", runs for argv[1] seconds (default: forever), then
+block, BLOCK_S long (argv[2], default 1 ms: 100 us for the sampled waits
+of tests/test_offcpu_sampling.py).  Prints "ready", runs for argv[1]
+seconds (default: forever), then
 prints its own clock's split: "split A=<%> B=<%> blocks=<n>".  On a loaded
 machine a 1 ms sleep overshoots by varying amounts and the time split drifts
 from 30/70: SIGUSR1 restarts the count (at the start of a recording) and
@@ -58,7 +60,10 @@ def restart(*_):
 
 
 def main():
+    global BLOCK_S
     duration = float(sys.argv[1]) if len(sys.argv) > 1 else float("inf")
+    if len(sys.argv) > 2:
+        BLOCK_S = float(sys.argv[2])
     signal.signal(signal.SIGUSR1, restart)
     signal.signal(signal.SIGUSR2, report)
     print("ready", flush=True)

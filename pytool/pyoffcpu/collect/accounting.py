@@ -11,7 +11,8 @@ many threads a server starts.
 
 ThreadAccounts works on plain values: a thread record is anything with the
 fields of bpf/pyoffcpu.h's struct thread_t (tgid, comm, on_ns, flags, ts,
-first_ts, last_ts, unseen_ns), so it runs on recorded batches without BPF
+first_ts, last_ts, unseen_ns; with --off-cpu sampled short_kind, short_n,
+short_ns and pend_kind, pend_kstack, pend_ns), so it runs on recorded batches without BPF
 (tests/test_thread_accounts.py)."""
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from . import bpfdefs
 from .bpfdefs import KIND_ONCPU
-from .recording import NO_STACK, UNSAMPLED, Recording, ThreadTimes, accumulate
+
+KIND_SHADOW = bpfdefs.value("KIND_SHADOW")
+KIND_SHORT = bpfdefs.value("KIND_SHORT")
+from .recording import NO_STACK, SHORT_WAITS, UNSAMPLED, Recording, ThreadTimes, accumulate
 from ..targets.procfs import ns_id
 
 TH = bpfdefs.TH
@@ -52,6 +56,7 @@ class ThreadAccounts:
         self._kernel_gids: Dict[int, int] = {}
         self.kernel_folded: set = set()     # FOLD_SHADOW: threads the kernel folded too
         self.fold_shadow = False            # PYOFFCPU_FOLD=shadow, from the start on
+        self.shadow_waits = False           # PYOFFCPU_OFFCPU=shadow: both views of the waits
 
     def add(self, key, count: int, ns: int):
         acc = self.rec.stacks.get(key)
@@ -66,6 +71,15 @@ class ThreadAccounts:
                 self.tid_keys[key[1]] = [key]
             else:
                 keys.append(key)
+
+    def add_own(self, key, count: int, ns: int):
+        """A key made here, not drained from BPF (a wait before the start,
+        one open at the end, time after a switch-out BPF missed).  In a
+        recording made both ways at once (PYOFFCPU_OFFCPU=shadow) it is the
+        same in both, so an off-CPU one goes to the sampled view too."""
+        self.add(key, count, ns)
+        if self.shadow_waits and not bpfdefs.on_cpu(key[5]):
+            self.add(key[:5] + (key[5] | KIND_SHADOW,), count, ns)
 
     def thread_times(self, tid: int, th) -> ThreadTimes:
         t = self.rec.threads.get(tid)
@@ -96,7 +110,16 @@ class ThreadAccounts:
             t.on_ns = th.on_ns + (end - th.ts)
         if th.unseen_ns:
             # off-CPU after a switch-out BPF missed: the time is known, its stack not
-            self.add((t.pid, tid, NO_STACK, -1, 0, bpfdefs.KIND_OTHER), 1, th.unseen_ns)
+            self.add_own((t.pid, tid, NO_STACK, -1, 0, bpfdefs.KIND_OTHER), 1, th.unseen_ns)
+        if th.short_n:
+            # its last short waits, kept in its entry (bpf: short_add)
+            self.add((t.pid, tid, SHORT_WAITS, -1, 0, th.short_kind | KIND_SHORT), th.short_n, th.short_ns)
+        if flags & TH["PENDING"]:
+            # a wait's stack owed, not taken before the end: its time all the same
+            self.add((t.pid, tid, NO_STACK, th.pend_kstack, 0, th.pend_kind), 1, th.pend_ns)
+            what = "wait's stack not taken (the recording ended)"
+            self.rec.drops[what] = self.rec.drops.get(what, 0) + 1
+            self.rec.drops_ns[what] = self.rec.drops_ns.get(what, 0) + th.pend_ns
         if born or self.opts.mode == "cpu":
             return
         if not th.first_ts:
@@ -122,7 +145,7 @@ class ThreadAccounts:
             self.filtered[1] += ns
             return
         pid0, pyhash, kind, ustack = self.initial.get(tid, (pid, 0, bpfdefs.KIND_OTHER, NO_STACK))
-        self.add((pid0, tid, ustack, -1, pyhash, kind), 1, ns)
+        self.add_own((pid0, tid, ustack, -1, pyhash, kind), 1, ns)
 
     def samples_of(self, tid: int) -> int:
         return sum(self.rec.stacks[k][0] for k in self.tid_keys.get(tid, ())

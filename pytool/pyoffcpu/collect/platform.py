@@ -71,7 +71,8 @@ class Platform:
     task_tgid_offset: int = -1
     task_exec_offset: int = -1      # se.sum_exec_runtime
     exit_group_dead: bool = False   # sched_process_exit says when a process's last thread exits
-    pt_regs_offsets: tuple = ()     # (ip, cs, orig_ax): the system call a thread blocks in
+    pt_regs_offsets: tuple = ()     # (ip, cs, orig_ax, ax): the system call a thread blocks in
+    task_rseq_offset: int = -1      # task_struct.rseq (-1: not known): which threads rseq_update sees
 
 
 def probe() -> Platform:
@@ -91,10 +92,14 @@ def probe() -> Platform:
         raise ProfilerError(f"cannot read task_struct's fsbase, pid and tgid from BTF: {e}",
                             f"x86_64 kernels with BTF only; {DOCTOR}") from None
     try:
-        regs = tuple(member_offsets(BTF_PATH, [("pt_regs", f) for f in ("ip", "cs", "orig_ax")]))
+        regs = tuple(member_offsets(BTF_PATH, [("pt_regs", f) for f in ("ip", "cs", "orig_ax", "ax")]))
     except (BtfError, OSError):
         regs = ()                   # off-CPU reasons without the system call
+    try:
+        rseq = member_offsets(BTF_PATH, [("task_struct", "rseq")])[0]
+    except (BtfError, OSError):
+        rseq = -1                   # sampled waits: rseq_capture finds out per thread
     ensure_tracefs()
     return Platform(task_fsbase_offset=offs[0], task_pid_offset=offs[1], task_tgid_offset=offs[2],
                     task_exec_offset=offs[3], exit_group_dead=offs[4] >= 2,
-                    pt_regs_offsets=regs)
+                    pt_regs_offsets=regs, task_rseq_offset=rseq)

@@ -1,7 +1,9 @@
 """The threads that are already blocked when a recording starts: BPF sees
 a stack only when a thread leaves the CPU, so theirs are read here, at the
 start (capture: the Python stack from the target's memory, the native one
-as registers and stack bytes, walked once its tables are in).  And the
+as registers and stack bytes, walked once its tables are in).  Likewise,
+with --off-cpu sampled, the waits still open at the end (read_open_waits):
+BPF takes a wait's stack when it ends.  And the
 threads of a target registered late (a launched command, a child, a
 process -a found) that blocked before its interpreter was known: the
 Python frames they blocked with are read and handed to BPF (fix_blocked)."""
@@ -46,6 +48,48 @@ class BlockedThreads:
                 pyhash = self.keep_pystack(tgt, tid, frames, truncated) if frames else 0
                 self.s.accounts.initial[tid] = (pid, pyhash, state_kind(pid, tid),
                                       self.native_now(pid, tid))
+
+    def read_open_waits(self) -> Dict[int, tuple]:
+        """tid -> (the wait's start, Python stack hash, native stack id) of
+        every target thread in a wait whose stack BPF has not taken
+        (--off-cpu sampled: TH_OFF without TH_CAPTURED), read now, before the
+        end mark.  A thread whose entry shows the same start after the mark
+        has not run since: these are the stacks it waited with
+        (Session._flush_open_waits).  The map is listed again after the
+        reads (three times at most), for the waits that began meanwhile."""
+        out: Dict[int, tuple] = {}
+        for _ in range(3):
+            fresh = self._open_waits(out)
+            if not fresh:
+                break
+            self._read_waits(fresh, out)
+        return out
+
+    def _open_waits(self, known: Dict[int, tuple]) -> Dict[int, Dict[int, int]]:
+        """pid -> {tid: wait start} of the open waits (TH_OFF, not
+        TH_CAPTURED) not in known with that start."""
+        off, captured = bpfdefs.TH["OFF"], bpfdefs.TH["CAPTURED"]
+        by_pid: Dict[int, Dict[int, int]] = {}
+        for k, th in items(self.s.bpf["threads"]):
+            if th.flags & off and not th.flags & captured and known.get(k.value, (None,))[0] != th.ts:
+                by_pid.setdefault(th.tgid, {})[k.value] = th.ts
+        return by_pid
+
+    def _read_waits(self, by_pid: Dict[int, Dict[int, int]], out: Dict[int, tuple]):
+        for pid, tids in by_pid.items():
+            tgt = self.s.targets.get(pid)
+            if tgt is None or tgt.exited:
+                continue
+            try:
+                stacks = {}
+                if tgt.python is not None and tgt.reader is not None:
+                    stacks = self.thread_stacks(tgt, list(tids))
+                for tid, ts in tids.items():
+                    frames, truncated = stacks.get(tid, ([], False))
+                    pyhash = self.keep_pystack(tgt, tid, frames, truncated) if frames else 0
+                    out[tid] = (ts, pyhash, self.native_now(pid, tid, "end"))
+            except (OSError, ValueError):   # it is gone: its waits end with it
+                continue
 
     def thread_stacks(self, tgt, tids) -> Dict[int, tuple]:
         """host tid -> (frames, truncated): the Python stacks of tgt's threads
@@ -97,7 +141,7 @@ class BlockedThreads:
             update_elem(fix.map_fd, fix.Key(tid), leaf)
             self.fixes[tid] = (ts, pyhash)
 
-    def native_now(self, pid: int, tid: int) -> int:
+    def native_now(self, pid: int, tid: int, when: str = "start") -> int:
         """The native stack of a thread blocked right now, as an id in
         rec.ustacks; -1: none.  Its registers and stack are read now and
         walked once its process's tables are ready (walk_captured): the
@@ -107,7 +151,7 @@ class BlockedThreads:
         if cap is None:
             return -1
         sid = NATIVE_ID_BASE + len(self.s.native_ids)
-        self.s.native_ids[("now", tid)] = sid
+        self.s.native_ids[(when, tid, sid)] = sid       # a key of its own: ids are counted by it
         self.s.rec.ustacks[sid], self.s.rec.native_flags[sid] = [], 0
         self.captured[sid] = (pid, cap)
         return sid

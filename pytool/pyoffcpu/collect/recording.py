@@ -19,6 +19,8 @@ from ..targets.processes import Select
 NATIVE_ID_BASE = 1 << 20            # rec.ustacks ids of .eh_frame-walked stacks (bcc's are smaller)
 UNSAMPLED = bpfdefs.value("USTACK_UNSAMPLED")  # ustack id: on-CPU time no sample landed in
 NO_STACK = bpfdefs.value("USTACK_NO_STACK")    # ustack id: time whose stack is not known
+SHORT_WAITS = bpfdefs.value("USTACK_SHORT")    # ustack id: a KIND_SHORT total (profile/waits.py)
+_NOT_IN_TOTALS = bpfdefs.value("KIND_SAMPLED") | bpfdefs.value("KIND_SHADOW")
 LOST_PYTHON = "python stack lost"   # drop: the Python frames of a stack never reached user space
 
 
@@ -40,6 +42,10 @@ class Options:
     wakers: bool = False            # --wakers: who ended each wait
     async_tasks: bool = False       # --async: the time of each asyncio task (collect/tasks.py)
     async_hz: int = 0               # --async: snapshots of the tasks per second (0: default)
+    # --off-cpu: where a wait's stack is taken.  sampled: by threshold sampling
+    # at the period 1/frequency (docs/offcpu-sampling.md); exact: at every
+    # switch-out.  PYOFFCPU_OFFCPU=shadow (tests): both, kept apart.
+    offcpu: str = field(default_factory=lambda: os.environ.get("PYOFFCPU_OFFCPU") or "sampled")
     # --min-block-us / --max-block-us: waits shorter / longer are left out (ns; 0: no bound)
     min_block_ns: int = 0
     max_block_ns: int = 0
@@ -138,6 +144,10 @@ class Recording:
     wakes: Dict[Tuple[tuple, tuple], List[int]] = field(default_factory=dict)
     # waits left out by --min-block-us / --max-block-us: [how many, ns]
     block_filtered: List[int] = field(default_factory=lambda: [0, 0])
+    # how the waits' stacks were taken (Options.offcpu, or "exact" where
+    # rseq_capture could not be attached): the keys of "sampled" and "shadow"
+    # carry bpfdefs.KIND_SAMPLED / KIND_SHORT / KIND_SHADOW (profile/waits.py)
+    offcpu: str = "exact"
     # PYOFFCPU_FOLD=shadow (tests): the kernel's folds of the threads user
     # space folded too, kept apart (stacks and threads as above, groups only)
     kernel_stacks: Dict[Tuple[int, int, int, int, int, int], List[int]] = field(default_factory=dict)
@@ -152,9 +162,12 @@ class Recording:
         return {tid: t.name for tid, t in self.threads.items()}
 
     def totals(self) -> Tuple[int, int]:
-        """(on-CPU samples, off-CPU ns) so far."""
+        """(on-CPU samples, off-CPU ns) so far: the exact off-CPU time, not
+        the weights of sampled waits (a share of their KIND_SHORT totals) or
+        of a shadow recording's second view."""
         samples = sum(v[0] for k, v in self.stacks.items() if bpfdefs.on_cpu(k[5]))
-        blocked = sum(v[1] for k, v in self.stacks.items() if not bpfdefs.on_cpu(k[5]))
+        blocked = sum(v[1] for k, v in self.stacks.items()
+                      if not bpfdefs.on_cpu(k[5]) and not k[5] & _NOT_IN_TOTALS)
         return samples, blocked
 
 

@@ -37,7 +37,7 @@ from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VAL
                    bpf_source, delete_all, fdinfo, items, map_sizes, pystack_type, take_generation, walk_stack)
 from .platform import DOCTOR, Platform, ProfilerError
 from .preexisting import BlockedThreads
-from .recording import LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Recording, accumulate
+from .recording import LOST_PYTHON, NATIVE_ID_BASE, NO_STACK, Batch, Options, PyStack, Recording, accumulate
 from ..native import symbols
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Select, Targets
@@ -97,6 +97,7 @@ class Session:
         self._fold_loader: Optional[threading.Thread] = None    # the fold program's verification
         self._fold_fd: Optional[int] = None
         self._fold_started = False
+        self._rseq_attached = False                  # rseq_capture takes the waits' owed stacks
 
     # -- set up -------------------------------------------------------------
     def _compile(self):
@@ -110,6 +111,7 @@ class Session:
             f"-DTASK_TGID_OFF={p.task_tgid_offset}",
             f"-DTASK_EXEC_OFF={p.task_exec_offset}",
             f"-DEXIT_GROUP_DEAD={int(p.exit_group_dead)}",
+            f"-DTASK_RSEQ_OFF={p.task_rseq_offset}",
             f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
             f"-DKERNEL_STACKS={1 if o.kernel else 0}",
             f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
@@ -117,7 +119,7 @@ class Session:
             f"-DASYNC_TASKS={int(o.async_tasks)}",
             # tests: every switch memo hit walked all the same and compared (bpf/unwind.h)
             f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
-        ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX"), p.pt_regs_offsets)]
+        ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX", "AX"), p.pt_regs_offsets)]
         from .platform import BTF_PATH
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
         cflags += self._unwind_cflags
@@ -131,7 +133,8 @@ class Session:
                                     preload=([("on_cpu_sample", bpfsys.PERF_EVENT)] if sampled else [])
                                     + [(fn, bpfsys.RAW_TRACEPOINT) for fn in self._wake_programs()],
                                     optional=unwind_loader.program_specs(sampled, switches,
-                                                                         bool(self._wake_programs())),
+                                                                         bool(self._wake_programs()))
+                                    + ([("rseq_capture", bpfsys.RAW_TRACEPOINT)] if self._waits_sampled() else []),
                                     notices=self.rec.notices,
                                     meanwhile=self._head_start if not o.command else None)
         except Exception as e:
@@ -151,6 +154,18 @@ class Session:
             if self.unwinder is not None:
                 self.unwinder.close()
             self.targets = self.unwinder = None
+
+    def _waits_sampled(self) -> bool:
+        """Are waits' stacks owed by threshold sampling (--off-cpu sampled,
+        the default, or PYOFFCPU_OFFCPU=shadow), taken by rseq_capture?"""
+        return self.opts.mode in ("wall", "off") and self.opts.offcpu in ("sampled", "shadow")
+
+    def _offcpu_mode(self) -> int:
+        """control.offcpu (bpf/pyoffcpu.h: OFFCPU_*), once _attach knows
+        whether rseq_capture is attached."""
+        if not self._rseq_attached:
+            return bpfdefs.value("OFFCPU_EXACT")
+        return bpfdefs.value("OFFCPU_SHADOW" if self.opts.offcpu == "shadow" else "OFFCPU_SAMPLED")
 
     def _fold_mode(self) -> int:
         """control.fold: the kernel folds the threads born and ended in the
@@ -172,9 +187,11 @@ class Session:
         start does not wait for it, and a target that starts no thread never
         shares a CPU with it); _fold_ready turns it on.  Until then, ended
         threads fold here, the same way."""
-        if not self._fold_mode() or self._fold_started:
+        if self._fold_started:
             return
-        self._fold_started = True
+        self._fold_started = True       # asked once: a server starts a thread per request
+        if not self._fold_mode():
+            return
         from .bpfsys import RAW_TRACEPOINT
 
         def load():
@@ -243,6 +260,20 @@ class Session:
                     self.bpf.attach_raw_tracepoint(tp=tp, fn_name=fn)
         except Exception as e:
             raise ProfilerError(f"cannot attach BPF: {e}", DOCTOR)
+        if self._waits_sampled():
+            # the waits' stacks, owed at their switch-in, taken on the thread's
+            # way back to user space; without it, at every switch-out
+            try:
+                if self.platform.task_rseq_offset < 0:
+                    raise ValueError("this kernel's BTF has no task_struct.rseq")
+                self.bpf.attach_raw_tracepoint(tp="rseq_update", fn_name="rseq_capture")
+                self._rseq_attached = True
+            except Exception as e:      # noqa: BLE001 - exact, and said so
+                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                self.rec.notices.append(f"off-CPU stacks taken at every switch, as --off-cpu exact ({msg})")
+        self.rec.offcpu = ("exact" if not self._rseq_attached else self.opts.offcpu)
+        self.accounts.shadow_waits = self.rec.offcpu == "shadow"
+        self._write_control(offcpu=self._offcpu_mode())
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
                                                      lost_cb=self._on_lost)
         # tests: the threads folded here before the kernel's fold is on are in its view too
@@ -714,6 +745,9 @@ class Session:
         """The end mark first: from it on BPF adds nothing, so what is read
         below is the whole recording, and every open interval ends there."""
         o, rec = self.opts, self.rec
+        # the stacks of the waits still open, read while they are: BPF takes
+        # a wait's stack only when it ends (--off-cpu sampled)
+        open_waits = self.blocked.read_open_waits() if rec.offcpu == "sampled" else {}
         self._end_ns = self.accounts.end_ns = time.monotonic_ns()
         self._write_control(end_ns=self._end_ns)
         if self._fold_loader is not None:
@@ -729,6 +763,7 @@ class Session:
         self._drain(final=True)
         if o.mode in ("wall", "off"):
             self._flush_blocked()
+            self._flush_open_waits(open_waits)
         self._finish_threads()
         self._read_drops()
         self._write_stats(time.monotonic() - start_mono)
@@ -757,18 +792,27 @@ class Session:
         o = self.opts
         return length_ns < o.min_block_ns or bool(o.max_block_ns and length_ns > o.max_block_ns)
 
+    def _open_at_end(self, since: int) -> int:
+        """The part inside the recording of a wait open at the end mark,
+        begun at `since`; 0 when there is none or --min/--max-block-us leave
+        it out (judged by its length so far; then counted)."""
+        ns = self._end_ns - max(since, self._start_ns)
+        if ns <= 0:
+            return 0
+        if self.left_out_by_length(self._end_ns - since):
+            self.accounts.filtered[0] += 1
+            self.accounts.filtered[1] += ns
+            return 0
+        return ns
+
     def _flush_blocked(self):
-        """Threads still off the CPU at the end: blocked until the end mark
-        (judged by --min/--max-block-us on their length so far)."""
+        """Threads still off the CPU at the end whose stack BPF took at the
+        switch-out: blocked until the end mark."""
         for k, st in items(self.bpf["offcpu_start"]):
             tid = k.value
             key = st.key
-            ns = self._end_ns - max(st.ts, self._start_ns)
-            if ns <= 0:
-                continue
-            if self.left_out_by_length(self._end_ns - st.ts):
-                self.accounts.filtered[0] += 1
-                self.accounts.filtered[1] += ns
+            ns = self._open_at_end(st.ts)
+            if not ns:
                 continue
             pystack = key.pystack
             if not pystack and self.blocked.fixes.get(tid, (None,))[0] == st.ts:
@@ -776,7 +820,37 @@ class Session:
             skey = (key.tgid, key.tid, self._ustack_id(key.ustack, key.nstack), key.kstack, pystack,
                     key.kind)
             self._fetch_stack_ids(skey[2], key.kstack)
-            self.accounts.add(skey, 1, ns)
+            self.accounts.add_own(skey, 1, ns)
+
+    def _flush_open_waits(self, reads: Dict[int, tuple]):
+        """--off-cpu sampled: the waits still open at the end, whose stacks
+        BPF never took (it takes one when a wait ends), at their exact
+        length with the stacks read_open_waits read before the end mark; a
+        thread whose wait began after that read has none."""
+        off, captured = TH["OFF"], TH["CAPTURED"]
+        lost = [0, 0]
+        for k, th in items(self.bpf["threads"]):
+            if not th.flags & off or th.flags & captured:
+                continue
+            if not self.opts.every_process and th.tgid not in self.targets:
+                continue
+            tid = k.value
+            ns = self._open_at_end(th.ts)
+            if not ns:
+                continue
+            got = reads.get(tid)
+            if got is not None and got[0] == th.ts:
+                _ts, pyhash, uid = got
+            else:
+                pyhash, uid = 0, NO_STACK
+                lost[0] += 1
+                lost[1] += ns
+            self._fetch_stack_ids(-1, th.wait_kstack)
+            self.accounts.add((th.tgid, tid, uid, th.wait_kstack, pyhash, th.wait_kind), 1, ns)
+        if lost[0]:
+            what = "open wait's stack not read at the end"
+            self.rec.drops[what] = self.rec.drops.get(what, 0) + lost[0]
+            self.rec.drops_ns[what] = self.rec.drops_ns.get(what, 0) + lost[1]
 
 
 def _count(n: int, what: str) -> str:

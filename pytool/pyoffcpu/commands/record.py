@@ -6,6 +6,7 @@ options into a recording.Options and calls record(); Ctrl-C and SIGTERM end
 the recording normally, and the profile is written either way."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -78,6 +79,12 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
                                   title=title)
     except ProfilerError as e:
         write_error = e
+    sampled_view = os.environ.get("PYOFFCPU_SAMPLED_VIEW")
+    if rec.offcpu == "shadow" and sampled_view:
+        # tests and make bench: the same recording's sampled view (docs/offcpu-sampling.md)
+        other, _ = build_profile(rec, symbols.Symbolizer(), ksyms, view="sampled")
+        write_profile_or_fallback(other, sampled_view, "folded", threads=threads, full_paths=full_paths,
+                                  title=title)
 
     samples, blocked = rec.totals()
     py = f", CPython {prof.meta.python_version}" if prof.meta.python_version else ""

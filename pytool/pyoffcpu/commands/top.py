@@ -62,18 +62,26 @@ class Live:
 
     def window(self) -> Window:
         """What the stacks gained since the last call (a thread that ended
-        folds into its group: its keys move, their time does not)."""
+        folds into its group: its keys move, their time does not).  Sampled
+        waits (--off-cpu sampled) split what each thread's short waits added
+        in the interval over the stacks sampled in it (profile/waits.py)."""
         from ..collect import bpfdefs
+        from ..profile import waits
         now = time.monotonic()
         w = Window(seconds=now - self.prev_t)
         self.prev_t = now
         cur: Dict[tuple, int] = {}
+        added: Dict[tuple, List[int]] = {}
         for key, (count, ns) in self.rec.stacks.items():
             on = bpfdefs.on_cpu(key[5])
             # on-CPU: samples x period until the thread's exact time is known
             cur[key] = count * self.period_ns if on else ns
-        for key, v in cur.items():
-            d = v - self.prev.get(key, 0)
+            d = cur[key] - self.prev.get(key, 0)
+            if d > 0:
+                added[key] = [1, d]
+        self.prev = cur
+        added, _wakes, _counts = waits.resolve(added, {}, self.rec.offcpu, self.period_ns)
+        for key, (_count, d) in added.items():
             if d <= 0:
                 continue
             name, reason = self.label(key)
@@ -85,7 +93,6 @@ class Live:
                 t[1] += d
                 r = w.reasons.setdefault(key[1], {})
                 r[reason] = r.get(reason, 0) + d
-        self.prev = cur
         return w
 
 

@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Tuple
 from . import model as P
 from ..collect import bpfdefs
 from ..collect.bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
-from . import reasons
-from ..collect.recording import NO_STACK, UNSAMPLED, Recording
+from . import reasons, waits
+from ..collect.recording import NO_STACK, SHORT_WAITS, UNSAMPLED, Recording
 from ..native.symbols import JIT_FRAME
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
@@ -305,6 +305,8 @@ class Merger:
             return (P.NOT_SAMPLED,)
         if ustack == NO_STACK and not pyhash:
             return (P.NO_STACK,)
+        if ustack == SHORT_WAITS:
+            return (P.SHORT_WAITS,)
         native: List[NativeFrame] = []
         for i, addr in enumerate(self.rec.ustacks.get(ustack, [])):
             # a caller's pc is a return address: the call lies before it, and
@@ -507,8 +509,13 @@ def _add_task_waits(prof: P.Profile, rec: Recording) -> None:
                      rest, 0)
 
 
-def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Profile, MergeStats]:
+def build_profile(rec: Recording, symbolizer, kernel_symbols=None, view: str = "exact"
+                  ) -> Tuple[P.Profile, MergeStats]:
+    """The Profile of a recording.  view: of a recording made both ways at
+    once (PYOFFCPU_OFFCPU=shadow, tests), which one (profile/waits.py)."""
     o = rec.options
+    stacks, wakes, wait_counts = waits.resolve(rec.stacks, rec.wakes, rec.offcpu,
+                                               int(1e9 // o.frequency), view)
     meta = P.Metadata(
         mode=o.mode, frequency_hz=o.frequency, start_time=rec.start_time,
         duration_s=rec.duration_s, drops=dict(rec.drops), notices=list(rec.notices))
@@ -528,10 +535,10 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
     merger = Merger(rec, symbolizer, kernel_symbols)
     # --wakers: each wait's time by who ended it (the rest of it: not known)
     wakers_of: Dict[tuple, List[Tuple[tuple, int, int]]] = {}
-    for (wait, waker), (count, ns) in rec.wakes.items():
+    for (wait, waker), (count, ns) in wakes.items():
         wakers_of.setdefault(wait, []).append((waker, count, ns))
     off_ns: Dict[int, int] = {}
-    for skey, (count, ns) in rec.stacks.items():
+    for skey, (count, ns) in stacks.items():
         tgid, tid, us, ks, ph, kind = skey
         frames = merger.frames_for(tgid, us, ks, ph, ns)
         if rec.tasks is not None and ph:
@@ -561,7 +568,7 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
         prof.add(P.StackKey(tgid, tid, frames, reason), ns, count)
         prof.processes.setdefault(tgid, rec.comms.get(tgid, "?"))
     prof.gil = {tid: g for tid, g in prof.gil.items() if g.read}
-    for (wait, waker), (_count, ns) in rec.wakes.items():
+    for (wait, waker), (_count, ns) in wakes.items():
         tgid, tid, _us, _ks, ph, _kind = wait
         wkind, wtgid, wtid, _wus, _wks, wph, _comm = waker
         kind = WAKER_KINDS.get(wkind, "unknown")
@@ -584,6 +591,7 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None) -> Tuple[P.Pr
     for key in prof.weights:
         prof.threads.setdefault(key.tid, "?")
     meta.exact_on_cpu = rec.exact_on_cpu
+    meta.waits = wait_counts
     meta.duration_ns = rec.duration_ns
     meta.drops_ns = dict(rec.drops_ns)
     meta.native_modules = getattr(symbolizer, "module_symbols", dict)()

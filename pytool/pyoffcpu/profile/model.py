@@ -75,6 +75,10 @@ NOT_SAMPLED = Frame(FrameKind.MARKER, "[on-cpu: not sampled]")
 # Time whose stack could not be read (a thread blocked since before the start
 # whose memory could not be read).
 NO_STACK = Frame(FrameKind.MARKER, "[stack unknown]")
+# --off-cpu sampled: a thread's waits shorter than the sampling period, of
+# one kind, none of which was sampled: their exact time, without a stack
+# (profile/waits.py).
+SHORT_WAITS = Frame(FrameKind.MARKER, "[short waits, none sampled]")
 # A Python stack whose frames never reached user space (lost events).
 PYTHON_LOST = Frame(FrameKind.MARKER, "[python frames lost]")
 # on-CPU inside a CUDA synchronize call: the driver spins until the GPU is done
@@ -164,6 +168,7 @@ class Metadata:
     notices: List[str] = field(default_factory=list)
     duration_ns: int = 0
     exact_on_cpu: bool = False        # on-CPU per thread from switch times (wall mode)
+    waits: Any = None                 # profile/waits.py's WaitCounts: how the waits got their stacks
     # (pid, object path as the process maps it) -> symbols.ModuleSymbols: what
     # the symbolizer found for it (symbols, build-id); the summary reads it
     native_modules: Dict[Tuple[int, str], Any] = field(default_factory=dict)

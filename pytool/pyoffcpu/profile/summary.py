@@ -48,8 +48,10 @@ def gil_lines(prof: Profile, n: int = 20) -> List[str]:
     GIL, waited for it and ran without it; none when no state was read."""
     if not prof.gil:
         return []
-    out = ["  the GIL (state read at every sample and switch): thread, held (of it off-CPU), "
-           "waited for it, on-CPU without it"]
+    sampled = prof.meta.waits is not None and prof.meta.waits.offcpu == "sampled"
+    out = ["  the GIL (state read at every sample and "
+           + ("sampled wait" if sampled else "switch")
+           + "): thread, held (of it off-CPU), waited for it, on-CPU without it"]
     rows = sorted(prof.gil.items(), key=lambda kv: (-(kv[1].held_ns + kv[1].waiting_ns), kv[0]))
     for tid, g in rows[:n]:
         info = prof.thread_info.get(tid)
@@ -95,6 +97,20 @@ def wake_lines(prof: Profile, n: int = 10) -> List[str]:
         out.append(f"  {prof.thread_root(tid)}: {fmt_s(total)} in {where or 'native code'}, "
                    f"woken {100 * ns / total:.0f}% by {by}")
     return out
+
+
+def wait_stack_lines(meta) -> List[str]:
+    """How the waits got their stacks (profile/waits.py's counts): with
+    --off-cpu sampled, which waits are exact and how many were sampled."""
+    w = meta.waits
+    if w is None or meta.mode == "cpu" or not (w.exact or w.short):
+        return []
+    if w.offcpu != "sampled":
+        return [f"  off-CPU stacks: taken at every switch (--off-cpu exact), {w.exact:,} waits"]
+    period = f"{w.period_ns / 1e6:.3g} ms"
+    return [f"  off-CPU stacks: {w.exact:,} waits >= {period} exact, {w.sampled:,} sampled of "
+            f"{w.short:,} shorter ones (each thread's times, and its time per kind of wait, "
+            "are exact; the split of the short ones over stacks is sampled: docs/offcpu-sampling.md)"]
 
 
 def where_time_goes(frames) -> Optional[Frame]:
@@ -336,6 +352,7 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     elif meta.mode == "cpu":
         lines.append(f"  on-CPU time is estimated from samples (1/{meta.frequency_hz} s each); "
                      "--mode wall measures it exactly")
+    lines.extend(wait_stack_lines(meta))
     everyone = prof.off_cpu_totals()
     if everyone:
         lines.append("  off-CPU by reason, all threads: " + ", ".join(
