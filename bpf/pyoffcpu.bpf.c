@@ -54,7 +54,7 @@ BPF_HASH(pystack_fix, u32, struct pystack_fix, 4096);
 BPF_HASH(execs, u32, u64, 4096);
 /* The life log (pyoffcpu.h) and its count of entries written. */
 BPF_F_TABLE("array", u32, struct life_event, life_log, LIFE_LOG, BPF_F_MMAPABLE);
-BPF_ARRAY(life_total, u64, 1);
+BPF_F_TABLE("array", u32, u64, life_total, 1, BPF_F_MMAPABLE);   /* read by mmap: no syscall a look */
 /* --subprocesses: child tgid -> parent tgid | the parent's exec count at
  * the fork << 32, for each process a target started (registered here at its
  * fork; user space takes it from there: the same exec count now means the

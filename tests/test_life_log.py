@@ -13,7 +13,16 @@ EVENT = bpfdefs.struct_type("life_event")
 class Ring:
     def __init__(self):
         self.buf = bytearray(N * ctypes.sizeof(EVENT))
+        self.count = bytearray(8)       # life_total, as its mmap shows it
         self.total = 0
+
+    @property
+    def total(self):
+        return int.from_bytes(self.count, "little")
+
+    @total.setter
+    def total(self, n):
+        self.count[:] = n.to_bytes(8, "little")
 
     def write(self, kind, tgid, arg=0, finish=True):
         """As log_life() does: seq 0, the fields, then index + 1."""
@@ -33,9 +42,7 @@ def targets(ring):
     t.retire = lambda tgt: seen.append(("exit", tgt))
     t._resync = lambda total: (seen.append(("resync", total)), setattr(t, "_life_seen", total))
 
-    def lookup(fd, key, leaf):
-        leaf.value = ring.total
-    t._life = (lookup, 0, None, ctypes.c_uint64(), ring.buf, N, ctypes.sizeof(EVENT))
+    t._life = (ring.count, ring.buf, N, ctypes.sizeof(EVENT))
     return t, seen
 
 

@@ -48,6 +48,7 @@ LAUNCH_WAIT_S = 3.0             # a launched command's time to map its interpret
 RETRY_FIRST_S = 0.005           # ... looked for again after 5 ms, then half the time it has waited
 RETRY_MAX_S = 0.1               # (at most 100 ms): found within 1.5 times its start-up
 MISSED_S = 0.2                  # BPF met an unknown pc: maps read again at most this often
+SAMPLED_S = 0.25                # -a: processes with samples and no entry (most come by the life log)
 
 
 def start_ticks(pid: int) -> int:
@@ -143,6 +144,7 @@ class Target:
         self.start_ticks = start_ticks(pid)     # with the PID, names the process (reuse)
         self.retired = False            # its BPF registration is gone (Targets.retire)
         self.maps_text: Optional[str] = None    # /proc/PID/maps at the last snapshot (code and files)
+        self.maps: Optional[list] = None        # ... parsed
         self.snapshot_every = SNAPSHOT_S        # Targets.poll's looks at its maps
         self.next_snapshot = 0.0
         self.waits_for: Optional["Target"] = None     # --subprocesses: the parent it copies
@@ -207,6 +209,7 @@ class Targets:
         self._tried: Dict[int, int] = {}    # -a: unregistered pid -> its sample count when tried
         self._liveness_s = LIVENESS_S if exit_events else SNAPSHOT_S
         self._last_snapshot = self._last_liveness = time.monotonic()
+        self._last_sampled = 0.0
 
     # -- the collection --------------------------------------------------------
     def new_epoch(self) -> int:
@@ -399,15 +402,14 @@ class Targets:
         exact either way."""
         if self._life is None:
             import mmap
-            from ..collect.bpfsys import lookup_elem
             total, log = self.bpf["life_total"], self.bpf["life_log"]
             size = -(-log.max_entries * ctypes.sizeof(log.Leaf) // mmap.PAGESIZE) * mmap.PAGESIZE
-            self._life = (lookup_elem, total.map_fd, total.Key(0), total.Leaf(),
+            # both mapped: a look that finds nothing new makes no system call
+            self._life = (mmap.mmap(total.map_fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ),
                           mmap.mmap(log.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ),
                           log.max_entries, ctypes.sizeof(log.Leaf))
-        lookup, fd, key, leaf, log, n, esize = self._life
-        lookup(fd, key, leaf)
-        total = leaf.value
+        count, log, n, esize = self._life
+        total = struct.unpack_from("<Q", count, 0)[0]
         i = self._life_seen
         if total == i:
             return
@@ -599,7 +601,8 @@ class Targets:
                 tgt.next_snapshot = now + tgt.snapshot_every
         if self.unwinder is not None:
             self.unwinder.collect()     # the tables of files no process maps now
-        if self.select is not None and not self.select.filtered:
+        if self.select is not None and not self.select.filtered and now - self._last_sampled >= SAMPLED_S:
+            self._last_sampled = now
             self._discover_sampled()
 
     def check_liveness(self):
@@ -720,24 +723,28 @@ class Targets:
         polls every process of the machine)."""
         pid = tgt.pid
         rec = self.rec
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                text = symbols.code_and_file_lines(f.read())
-        except OSError:
+        raw = read_text(f"/proc/{pid}/maps")
+        if raw is None:
             return False
-        if text == tgt.maps_text and not (reload or force):
+        text = symbols.code_and_file_lines(raw)
+        same = text == tgt.maps_text and tgt.maps is not None
+        if same and not (reload or force):
             return False
-        tgt.maps_text = text
-        maps = symbols.parse_maps(text)
-        space = rec.spaces.get(pid)
-        if space is None:
-            space = rec.spaces[pid] = symbols.AddressSpace(pid)
-        space.add_snapshot(maps)
+        if not same:
+            tgt.maps_text = text
+            tgt.maps = symbols.parse_maps(text)
+            space = rec.spaces.get(pid)
+            if space is None:
+                space = rec.spaces[pid] = symbols.AddressSpace(pid)
+            space.add_snapshot(tgt.maps)
+        maps = tgt.maps
         if self.unwinder is not None and self._tables_for(tgt):
             if reload:
                 self.unwinder.reload(pid, maps)
             else:
                 self.unwinder.update(pid, maps)
+        if same and not reload:
+            return True             # forced (now with its tables): its names are read already
         comm = read_text(f"/proc/{pid}/comm")
         if comm:
             rec.comms[pid] = comm.strip()
