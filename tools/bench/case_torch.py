@@ -189,7 +189,11 @@ def torch_case(tools, starts, log) -> dict:
         cold = one_start(starts, tools, w.pid, cache, "cold", log)
         warm = one_start(starts, tools, w.pid, cache, "warm", log)
         ratios = steps_windows(tools, w.pid, steps, log, cache)
-        return {"files": len(maps), "mapped_mb": mapped_mb, "cold": cold, "warm": warm, "steps": ratios}
+        from shadow import record_both
+        shadow = record_both(tools, "15", ["-p", str(w.pid), "--subprocesses", "--mode", "wall"], 10.0,
+                             "torch-shadow", env=dict(tools.env or os.environ, PYOFFCPU_CACHE_DIR=cache))
+        return {"files": len(maps), "mapped_mb": mapped_mb, "cold": cold, "warm": warm, "steps": ratios,
+                "shadow": shadow}
     finally:
         w.kill()
         w.wait()

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import bpfstats  # noqa: E402
 import startup as starts  # noqa: E402,F401  (tools/startup.py, for the cases: one start of pyoffcpu, measured)
-from harness import proc_stat_cpu_ticks, proc_status_kib  # noqa: E402
+from harness import proc_stat_cpu_ticks, proc_stat_tree_ticks, proc_status_kib  # noqa: E402
 
 WORKLOADS = os.path.join(HERE, "workloads.py")
 EXPORTERS = os.path.join(HERE, "exporters.py")
@@ -202,6 +202,9 @@ class Profiler:
             return f.read()
 
 
+EXACT = "pyoffcpu --mode wall --off-cpu exact"     # a stack at every switch (issue 37's row)
+
+
 def profilers(tools: "Tools") -> Dict[str, Profiler]:
     po, ps = tools.pyoffcpu, tools.pyspy
     out = {
@@ -212,6 +215,11 @@ def profilers(tools: "Tools") -> Dict[str, Profiler]:
         "pyoffcpu --mode wall": Profiler(
             "pyoffcpu --mode wall",
             lambda pid, o: po + ["-p", str(pid), "--mode", "wall", "-F", "99", "-o", o + ".folded"],
+            r"^pyoffcpu: recording", True, stats=True),
+        EXACT: Profiler(
+            EXACT,
+            lambda pid, o: po + ["-p", str(pid), "--mode", "wall", "-F", "99", "--off-cpu", "exact",
+                                 "-o", o + ".folded"],
             r"^pyoffcpu: recording", True, stats=True),
         "pyoffcpu --mode wall --wakers": Profiler(
             "pyoffcpu --mode wall --wakers",
@@ -295,6 +303,7 @@ class Results:
     py315: Optional[dict] = None                # case 16
     asyncio: Optional[dict] = None              # case 17
     crashes: Optional[dict] = None              # case 18
+    shadow: List[dict] = field(default_factory=list)   # sampled against exact (shadow.py), per case
     notes: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
 
@@ -333,6 +342,38 @@ def end_server(srv: Proc, cli: Optional[Proc]):
 def server_stats(srv: Proc) -> dict:
     srv.send("stats")
     return json.loads(srv.expect("stats ", 10).split(" ", 1)[1])
+
+def tree_cpu_s(pid: int) -> Optional[float]:
+    """User+system seconds of a live process, its children's it waited for,
+    and those of its live descendants (pyoffcpu's helper processes: the
+    tables and symbol indexes of its targets' files, a compile); None once
+    it is gone."""
+    st = read_file(f"/proc/{pid}/stat")
+    if st is None:
+        return None
+    parent: Dict[int, int] = {}
+    ticks: Dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        text = read_file(f"/proc/{name}/stat")
+        if text is None:
+            continue
+        try:
+            parent[int(name)], ticks[int(name)] = proc_stat_tree_ticks(text)
+        except (ValueError, IndexError):
+            continue
+    if pid not in ticks:
+        return None
+    total = 0
+    for p, t in ticks.items():
+        q, hops = p, 0
+        while q and q != pid and hops < 64:
+            q, hops = parent.get(q, 0), hops + 1
+        if q == pid:
+            total += t
+    return total / os.sysconf("SC_CLK_TCK")
+
 
 def cpu_s(pid: int) -> Optional[float]:
     """User+system seconds of a live process (all its threads), None once it is gone."""

@@ -299,6 +299,13 @@ def proc_stat_cpu_ticks(text: str) -> int:
     return int(fields[11]) + int(fields[12])        # fields 14 and 15 of the line
 
 
+def proc_stat_tree_ticks(text: str) -> Tuple[int, int]:
+    """(ppid, utime + stime + cutime + cstime) from /proc/PID/stat: a
+    process's CPU with that of its children it has waited for."""
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), sum(int(f) for f in fields[11:15])   # fields 4, 14-17 of the line
+
+
 def parse_stats_lines(text: str) -> List[dict]:
     """The JSON lines pyoffcpu appends to PYOFFCPU_STATS_FILE, oldest first.
     A line that is not a JSON object with a numeric `t` (the last one may be
