@@ -1,9 +1,10 @@
-"""The threads that are already blocked when a recording starts: BPF sees
-a stack only when a thread leaves the CPU, so theirs are read here, at the
-start (capture: the Python stack from the target's memory, the native one
-as registers and stack bytes, walked once its tables are in).  Likewise,
-with --off-cpu sampled, the waits still open at the end (read_open_waits):
-BPF takes a wait's stack when it ends.  And the
+"""The waits open at the start and at the end of a recording, whose stacks
+BPF cannot take (it takes a wait's stack when it begins, or with --off-cpu
+sampled when it ends).  The threads already blocked at the start: read
+here (capture: the Python stack from the target's memory, the native one
+as registers and stack bytes, walked once its tables are in).  The waits
+still open at the end: read before the end mark (read_open_waits) and
+added with those BPF took (flush_captured, flush_sampled).  And the
 threads of a target registered late (a launched command, a child, a
 process -a found) that blocked before its interpreter was known: the
 Python frames they blocked with are read and handed to BPF (fix_blocked)."""
@@ -16,7 +17,7 @@ from . import bpfdefs
 from .bpfsys import update_elem
 from .bpfdefs import PYS_TRUNCATED
 from .maps import items
-from .recording import NATIVE_ID_BASE, PyStack
+from .recording import NATIVE_ID_BASE, NO_STACK, PyStack
 from ..cpython import walker
 from ..profile import reasons
 from ..targets.procfs import blocked_syscall, ns_id, proc_state
@@ -55,7 +56,7 @@ class BlockedThreads:
         (--off-cpu sampled: TH_OFF without TH_CAPTURED), read now, before the
         end mark.  A thread whose entry shows the same start after the mark
         has not run since: these are the stacks it waited with
-        (Session._flush_open_waits).  The map is listed again after the
+        (flush_sampled).  The map is listed again after the
         reads (three times at most), for the waits that began meanwhile."""
         out: Dict[int, tuple] = {}
         for _ in range(3):
@@ -117,7 +118,7 @@ class BlockedThreads:
         were captured without Python frames.  Each still in that interval
         (offcpu_start.ts the same before and after the read) has not run
         since, so the frames read now are those it blocked with: BPF takes
-        them at its switch-in (pystack_fix), Session._flush_blocked at the end."""
+        them at its switch-in (pystack_fix), flush_captured at the end."""
         if tgt.python is None or tgt.reader is None:
             return
         table, fix = self.s.bpf["offcpu_start"], self.s.bpf["pystack_fix"]
@@ -140,6 +141,68 @@ class BlockedThreads:
             leaf.ts, leaf.pystack = ts, pyhash
             update_elem(fix.map_fd, fix.Key(tid), leaf)
             self.fixes[tid] = (ts, pyhash)
+
+    def _open_at_end(self, start_ns: int, end_ns: int, since: int) -> int:
+        """The part inside the recording of a wait open at the end mark,
+        begun at `since`; 0 when there is none or --min/--max-block-us leave
+        it out (judged by its length so far; then counted)."""
+        ns = end_ns - max(since, start_ns)
+        if ns <= 0:
+            return 0
+        if self.s.left_out_by_length(end_ns - since):
+            self.s.accounts.filtered[0] += 1
+            self.s.accounts.filtered[1] += ns
+            return 0
+        return ns
+
+    def flush_captured(self, start_ns: int, end_ns: int):
+        """Threads still off the CPU at the end whose stack BPF took at the
+        switch-out: blocked until the end mark."""
+        s = self.s
+        for k, st in items(s.bpf["offcpu_start"]):
+            tid = k.value
+            key = st.key
+            ns = self._open_at_end(start_ns, end_ns, st.ts)
+            if not ns:
+                continue
+            pystack = key.pystack
+            if not pystack and self.fixes.get(tid, (None,))[0] == st.ts:
+                pystack = self.fixes[tid][1]
+            skey = (key.tgid, key.tid, s._ustack_id(key.ustack, key.nstack), key.kstack, pystack,
+                    key.kind)
+            s._fetch_stack_ids(skey[2], key.kstack)
+            s.accounts.add_own(skey, 1, ns)
+
+    def flush_sampled(self, start_ns: int, end_ns: int, reads: Dict[int, tuple]):
+        """--off-cpu sampled: the waits still open at the end, whose stacks
+        BPF never took (it takes one when a wait ends), at their exact
+        length with the stacks read_open_waits read before the end mark; a
+        thread whose wait began after that read has none."""
+        s = self.s
+        off, captured = bpfdefs.TH["OFF"], bpfdefs.TH["CAPTURED"]
+        lost = [0, 0]
+        for k, th in items(s.bpf["threads"]):
+            if not th.flags & off or th.flags & captured:
+                continue
+            if not s.opts.every_process and th.tgid not in s.targets:
+                continue
+            tid = k.value
+            ns = self._open_at_end(start_ns, end_ns, th.ts)
+            if not ns:
+                continue
+            got = reads.get(tid)
+            if got is not None and got[0] == th.ts:
+                _ts, pyhash, uid = got
+            else:
+                pyhash, uid = 0, NO_STACK
+                lost[0] += 1
+                lost[1] += ns
+            s._fetch_stack_ids(-1, th.wait_kstack)
+            s.accounts.add((th.tgid, tid, uid, th.wait_kstack, pyhash, th.wait_kind), 1, ns)
+        if lost[0]:
+            what = "open wait's stack not read at the end"
+            s.rec.drops[what] = s.rec.drops.get(what, 0) + lost[0]
+            s.rec.drops_ns[what] = s.rec.drops_ns.get(what, 0) + lost[1]
 
     def native_now(self, pid: int, tid: int, when: str = "start") -> int:
         """The native stack of a thread blocked right now, as an id in

@@ -13,7 +13,7 @@ or from `control.end_ns` on, and every interval is clamped to it.  In wall
 mode every switch of a target thread is seen, so each thread's on-CPU time is
 known exactly from its switch timestamps; the samples only say how that time
 splits over stacks (ThreadAccounts.scale_on_cpu).  What the maps hold is read
-with maps.py; the threads already blocked at the start are preexisting.py's;
+with maps.py; the waits open at the start and at the end are preexisting.py's;
 a command after -- is launch.py's.
 
 Over 600 lines and one job: the loop of one recording, from compile to
@@ -37,7 +37,7 @@ from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VAL
                    bpf_source, delete_all, fdinfo, items, map_sizes, pystack_type, take_generation, walk_stack)
 from .platform import DOCTOR, Platform, ProfilerError
 from .preexisting import BlockedThreads
-from .recording import LOST_PYTHON, NATIVE_ID_BASE, NO_STACK, Batch, Options, PyStack, Recording, accumulate
+from .recording import LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Recording, accumulate
 from ..native import symbols
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Select, Targets
@@ -762,8 +762,8 @@ class Session:
         self.bpf.perf_buffer_poll(timeout=0)
         self._drain(final=True)
         if o.mode in ("wall", "off"):
-            self._flush_blocked()
-            self._flush_open_waits(open_waits)
+            self.blocked.flush_captured(self._start_ns, self._end_ns)
+            self.blocked.flush_sampled(self._start_ns, self._end_ns, open_waits)
         self._finish_threads()
         self._read_drops()
         self._write_stats(time.monotonic() - start_mono)
@@ -791,66 +791,6 @@ class Session:
         """--min-block-us / --max-block-us: is a wait this long left out?"""
         o = self.opts
         return length_ns < o.min_block_ns or bool(o.max_block_ns and length_ns > o.max_block_ns)
-
-    def _open_at_end(self, since: int) -> int:
-        """The part inside the recording of a wait open at the end mark,
-        begun at `since`; 0 when there is none or --min/--max-block-us leave
-        it out (judged by its length so far; then counted)."""
-        ns = self._end_ns - max(since, self._start_ns)
-        if ns <= 0:
-            return 0
-        if self.left_out_by_length(self._end_ns - since):
-            self.accounts.filtered[0] += 1
-            self.accounts.filtered[1] += ns
-            return 0
-        return ns
-
-    def _flush_blocked(self):
-        """Threads still off the CPU at the end whose stack BPF took at the
-        switch-out: blocked until the end mark."""
-        for k, st in items(self.bpf["offcpu_start"]):
-            tid = k.value
-            key = st.key
-            ns = self._open_at_end(st.ts)
-            if not ns:
-                continue
-            pystack = key.pystack
-            if not pystack and self.blocked.fixes.get(tid, (None,))[0] == st.ts:
-                pystack = self.blocked.fixes[tid][1]
-            skey = (key.tgid, key.tid, self._ustack_id(key.ustack, key.nstack), key.kstack, pystack,
-                    key.kind)
-            self._fetch_stack_ids(skey[2], key.kstack)
-            self.accounts.add_own(skey, 1, ns)
-
-    def _flush_open_waits(self, reads: Dict[int, tuple]):
-        """--off-cpu sampled: the waits still open at the end, whose stacks
-        BPF never took (it takes one when a wait ends), at their exact
-        length with the stacks read_open_waits read before the end mark; a
-        thread whose wait began after that read has none."""
-        off, captured = TH["OFF"], TH["CAPTURED"]
-        lost = [0, 0]
-        for k, th in items(self.bpf["threads"]):
-            if not th.flags & off or th.flags & captured:
-                continue
-            if not self.opts.every_process and th.tgid not in self.targets:
-                continue
-            tid = k.value
-            ns = self._open_at_end(th.ts)
-            if not ns:
-                continue
-            got = reads.get(tid)
-            if got is not None and got[0] == th.ts:
-                _ts, pyhash, uid = got
-            else:
-                pyhash, uid = 0, NO_STACK
-                lost[0] += 1
-                lost[1] += ns
-            self._fetch_stack_ids(-1, th.wait_kstack)
-            self.accounts.add((th.tgid, tid, uid, th.wait_kstack, pyhash, th.wait_kind), 1, ns)
-        if lost[0]:
-            what = "open wait's stack not read at the end"
-            self.rec.drops[what] = self.rec.drops.get(what, 0) + lost[0]
-            self.rec.drops_ns[what] = self.rec.drops_ns.get(what, 0) + lost[1]
 
 
 def _count(n: int, what: str) -> str:
