@@ -316,7 +316,7 @@ int rseq_capture(struct bpf_raw_tracepoint_args *ctx)
         if (!ctl || !is_target(ctl, tgid))
             return 0;
         th = threads.lookup(&tid);
-        if (!th || (th->flags & (TH_OFF | TH_CAPTURED)) != TH_OFF || !recording(bpf_ktime_get_ns()))
+        if (!th || (th->flags & (TH_OFF | TH_CAPTURED)) != TH_OFF || !recording_at(ctl, bpf_ktime_get_ns()))
             return 0;
         if (th->flags & TH_PENDING)
             owed_lost(th, tid);     /* not worth a second capture: it never happens here */

@@ -206,7 +206,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
                    async_tasks=async_tasks, async_hz=async_hz,
                    tables_first=tables_first or tables_first_env())
     if offcpu == "exact" or os.environ.get("PYOFFCPU_OFFCPU") != "shadow":
-        opts.offcpu = offcpu
+        opts.offcpu = offcpu        # (tests: PYOFFCPU_OFFCPU=shadow stands in for the default)
     try:
         from .commands.record import record as run_record
         run_record(opts, output, fmt, not no_threads, full_paths, only_reasons)

@@ -21,11 +21,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from . import bpfdefs
 from .bpfdefs import KIND_ONCPU
+from .recording import NO_STACK, SHORT_WAITS, UNSAMPLED, Recording, ThreadTimes, accumulate
+from ..targets.procfs import ns_id
 
 KIND_SHADOW = bpfdefs.value("KIND_SHADOW")
 KIND_SHORT = bpfdefs.value("KIND_SHORT")
-from .recording import NO_STACK, SHORT_WAITS, UNSAMPLED, Recording, ThreadTimes, accumulate
-from ..targets.procfs import ns_id
 
 TH = bpfdefs.TH
 _NO_GIL = ~(3 << bpfdefs.GIL_SHIFT)     # a key's kind & this == KIND_ONCPU: on-CPU (bpfdefs.on_cpu)
@@ -117,9 +117,7 @@ class ThreadAccounts:
         if flags & TH["PENDING"]:
             # a wait's stack owed, not taken before the end: its time all the same
             self.add((t.pid, tid, NO_STACK, th.pend_kstack, 0, th.pend_kind), 1, th.pend_ns)
-            what = "wait's stack not taken (the recording ended)"
-            self.rec.drops[what] = self.rec.drops.get(what, 0) + 1
-            self.rec.drops_ns[what] = self.rec.drops_ns.get(what, 0) + th.pend_ns
+            self.rec.add_drop("wait's stack not taken (the recording ended)", 1, th.pend_ns)
         if born or self.opts.mode == "cpu":
             return
         if not th.first_ts:

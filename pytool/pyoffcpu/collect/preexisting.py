@@ -200,9 +200,7 @@ class BlockedThreads:
             s._fetch_stack_ids(-1, th.wait_kstack)
             s.accounts.add((th.tgid, tid, uid, th.wait_kstack, pyhash, th.wait_kind), 1, ns)
         if lost[0]:
-            what = "open wait's stack not read at the end"
-            s.rec.drops[what] = s.rec.drops.get(what, 0) + lost[0]
-            s.rec.drops_ns[what] = s.rec.drops_ns.get(what, 0) + lost[1]
+            s.rec.add_drop("open wait's stack not read at the end", lost[0], lost[1])
 
     def native_now(self, pid: int, tid: int, when: str = "start") -> int:
         """The native stack of a thread blocked right now, as an id in

@@ -161,6 +161,12 @@ class Recording:
     def thread_names(self) -> Dict[int, str]:
         return {tid: t.name for tid, t in self.threads.items()}
 
+    def add_drop(self, what: str, count: int, ns: int = 0):
+        """count more of a drop, and the time they lost."""
+        self.drops[what] = self.drops.get(what, 0) + count
+        if ns:
+            self.drops_ns[what] = self.drops_ns.get(what, 0) + ns
+
     def totals(self) -> Tuple[int, int]:
         """(on-CPU samples, off-CPU ns) so far: the exact off-CPU time, not
         the weights of sampled waits (a share of their KIND_SHORT totals) or

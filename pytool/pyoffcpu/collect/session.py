@@ -497,8 +497,7 @@ class Session:
             elif final:
                 # never sent again: keep the time, without its Python frames
                 del self._unresolved[key]
-                self.rec.drops[LOST_PYTHON] = self.rec.drops.get(LOST_PYTHON, 0) + count
-                self.rec.drops_ns[LOST_PYTHON] = self.rec.drops_ns.get(LOST_PYTHON, 0) + ns
+                self.rec.add_drop(LOST_PYTHON, count, ns)
                 self.accounts.add(key, count, ns)
 
     def _ustack_id(self, ustack: int, nstack: int) -> int:
