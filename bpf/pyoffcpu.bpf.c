@@ -564,12 +564,15 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         u64 on = exec > th->exec_ns ? exec - th->exec_ns : 0;
         if (on > span)
             on = span;
+        /* --min/--max-block-us judge that part as the wait's length */
+        u64 off = span > on ? span - on : 0;
+        int kept = off && !left_out(ctl, off, off);
         struct offcpu_start *open_st = (th->flags & TH_CAPTURED) ? offcpu_start.lookup(&prev) : 0;
         if (open_st) {
             struct stack_key okey;
             open_key(prev, open_st, &okey);
             offcpu_start.delete(&prev);
-            if (span > on) {
+            if (kept) {
                 add_time(&okey, span - on);
                 th->off_ns += span - on;
                 if (ctl->offcpu == OFFCPU_SHADOW) {     /* the sampled view's too */
@@ -577,7 +580,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
                     add_time(&okey, span - on);
                 }
             }
-        } else if (!(th->flags & TH_CAPTURED) && span > on) {
+        } else if (!(th->flags & TH_CAPTURED) && kept) {
             /* its stack was not taken, and it has run since: not known */
             add_stackless(tgid, prev, th->wait_kind, -1, span - on);
             th->off_ns += span - on;
