@@ -149,7 +149,18 @@ static __always_inline u32 gil_state(struct proc_info *pi, u64 tstate)
     u64 g[2] = {};                  /* last_holder, then locked (an int) */
     if (bpf_probe_read_user(g, sizeof(g), (void *)(gil + pi->gil_holder)) != 0)
         return GIL_UNKNOWN;
-    return ((u32)g[1] && g[0] == tstate) ? GIL_HELD : GIL_FREE;
+    if (!((u32)g[1] && g[0] == tstate))
+        return GIL_FREE;
+    /* the collector runs under the GIL: its holder is the one collecting */
+    u64 flag = pi->gc_flag;
+    if (!flag && pi->gc_collecting >= 0) {
+        u64 interp = read_u64(tstate + pi->tstate_interp, &failed);
+        flag = failed ? 0 : interp + pi->gc_collecting;
+    }
+    int collecting = 0;
+    if (flag && bpf_probe_read_user(&collecting, sizeof(collecting), (void *)flag) == 0 && collecting)
+        return GIL_HELD_GC;
+    return GIL_HELD;
 }
 
 /* The current thread's user registers, as saved at kernel entry (right for

@@ -69,6 +69,13 @@ struct proc_info {
     /* 3.15+: the distance of the thread-local _Py_tss_gilstate from the
      * thread pointer (pytool/pyoffcpu/cpython/tls.py); 0: under tss_key. */
     long long tstate_tls;
+    /* The cyclic collector's `collecting` flag (an int), read when the thread
+     * holds the GIL (GIL_HELD_GC): at gc_flag when that is not 0 (3.7/3.8:
+     * in _PyRuntime), else gc_collecting bytes into tstate->interp; -1: not
+     * read (pytool/pyoffcpu/cpython/object_table.py). */
+    unsigned long long gc_flag;
+    int gc_collecting;
+    int gc_pad;
 };
 
 struct py_frame {
@@ -107,6 +114,7 @@ struct pystack {
 #define GIL_UNKNOWN         0       /* not read (not a Python thread, no layout) */
 #define GIL_FREE            1       /* another thread holds it, or nobody */
 #define GIL_HELD            2       /* this thread holds it */
+#define GIL_HELD_GC         3       /* ... and is in the cyclic collector (collecting) */
 /* ... and above those, how a wait's time is counted (control.offcpu: the
  * sampled waits, docs/offcpu-sampling.md).  A key without either flag holds
  * waits whose stacks were all taken, at their exact durations. */

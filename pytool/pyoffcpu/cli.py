@@ -473,6 +473,7 @@ DUMP_EPILOG = """\b
 Examples:
   sudo pyoffcpu dump -p 4242                # every thread's Python stack, state, the GIL
   sudo pyoffcpu dump -p 4242 --native       # with native frames (threads blocked in the kernel)
+  sudo pyoffcpu dump -p 4242 --locals       # each Python frame's arguments, locals, source line
   sudo pyoffcpu dump -p 4242 --json | jq .  # for scripts
   sudo pyoffcpu dump -p 4242 --subprocesses # and the processes it started
   sudo pyoffcpu dump -p 4242 --async        # its asyncio tasks: who awaits whom, and where
@@ -501,13 +502,16 @@ machine (or --root), and only where their build-id is the core's.
                    "chroot's tree); its files are read from there.")
 @click.option("--native", is_flag=True,
               help="Native frames too (unwound from .eh_frame; a thread running on a CPU has none).")
+@click.option("--locals", "with_locals", is_flag=True,
+              help="Each Python frame's arguments and local variables (read from its memory, "
+                   "never by running its code; long values cut), and its source line.")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout instead of text.")
 @click.option("--subprocesses", is_flag=True, help="The processes it started too.")
 @click.option("--async", "async_tasks", is_flag=True,
               help="Its asyncio tasks instead (CPython 3.11+): a tree of who awaits whom, "
                    "where each is suspended and on what; tasks awaiting each other are named "
                    "as a CYCLE.")
-def dump(pid, core, exe, root, native, as_json, subprocesses, async_tasks):
+def dump(pid, core, exe, root, native, with_locals, as_json, subprocesses, async_tasks):
     """Every thread's current stack, its state, the GIL holder, lock owners."""
     from .commands import dump as D
     from .collect.platform import check_privileges
@@ -530,7 +534,7 @@ def dump(pid, core, exe, root, native, as_json, subprocesses, async_tasks):
     dumps = []
     for p in [pid] + (D.children(pid) if subprocesses else []):
         try:
-            dumps.append(D.dump_process(p, native=native))
+            dumps.append(D.dump_process(p, native=native, with_locals=with_locals))
         except OSError as e:
             if p == pid:
                 fail(f"cannot read process {pid}: {e.strerror or e}")

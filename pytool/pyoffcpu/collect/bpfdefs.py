@@ -66,6 +66,7 @@ SYS_SHIFT, SYS_OUTSIDE = value("SYS_SHIFT"), value("SYS_OUTSIDE")
 # whether the thread held the GIL, above the system call
 GIL_SHIFT = value("GIL_SHIFT")
 GIL_UNKNOWN, GIL_FREE, GIL_HELD = value("GIL_UNKNOWN"), value("GIL_FREE"), value("GIL_HELD")
+GIL_HELD_GC = value("GIL_HELD_GC")      # held, by a thread in the cyclic collector
 
 
 def kind_gil(kind: int) -> int:

@@ -95,12 +95,37 @@ class BlockedThreads:
     def thread_stacks(self, tgt, tids) -> Dict[int, tuple]:
         """host tid -> (frames, truncated): the Python stacks of tgt's threads
         read from its memory now (walker.all_thread_stacks)."""
-        stacks = walker.all_thread_stacks(tgt.python)
-        if tgt.pid in self.s.rec.ns_ids:
-            # CPython keeps the ids its own PID namespace gave the threads
-            host = {ns_id(f"/proc/{tgt.pid}/task/{t}/status", -1): t for t in tids}
-            stacks = {host[t]: st for t, st in stacks.items() if t in host}
-        return stacks
+        return self._host_ids(tgt, walker.all_thread_stacks(tgt.python), tids)
+
+    def _host_ids(self, tgt, by_tid: Dict[int, object], tids) -> Dict[int, object]:
+        """by_tid keyed by the host's ids of the threads: CPython keeps the
+        ids its own PID namespace gave them (a container's)."""
+        if tgt.pid not in self.s.rec.ns_ids:
+            return by_tid
+        host = {ns_id(f"/proc/{tgt.pid}/task/{t}/status", -1): t for t in tids}
+        return {host[t]: v for t, v in by_tid.items() if t in host}
+
+    def read_python_names(self):
+        """Python's names of the targets' threads (threading's), into
+        rec.python_names; read at the start and before the end mark, so a
+        thread renamed meanwhile keeps its last name."""
+        from ..cpython.threadnames import python_thread_names
+        from ..targets.memory import ProcessMemory
+        for tgt in self.s.targets:
+            if tgt.python is None or tgt.exited:
+                continue
+            try:
+                mem = ProcessMemory(tgt.pid)
+            except OSError:
+                continue
+            try:
+                names = python_thread_names(tgt.python, mem)
+                tids = os.listdir(f"/proc/{tgt.pid}/task") if tgt.pid in self.s.rec.ns_ids else ()
+            except Exception:                           # noqa: BLE001 - names are extra
+                continue
+            finally:
+                mem.close()
+            self.s.rec.python_names.update(self._host_ids(tgt, names, tids))
 
     def keep_pystack(self, tgt, tid: int, frames, truncated: bool) -> int:
         """A Python stack read in user space, kept beside BPF's with its code

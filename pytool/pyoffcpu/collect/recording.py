@@ -125,6 +125,7 @@ class Recording:
     pystacks: Dict[int, PyStack] = field(default_factory=dict)
     code: Dict[Tuple[int, int], Optional[CodeInfo]] = field(default_factory=dict)
     pythons: Dict[int, detect.PythonProcess] = field(default_factory=dict)     # the latest image
+    python_names: Dict[int, str] = field(default_factory=dict)    # tid -> threading's name
     python_images: List[detect.PythonProcess] = field(default_factory=list)   # every one, execs too
     spaces: Dict[int, symbols.AddressSpace] = field(default_factory=dict)
     threads: Dict[int, ThreadTimes] = field(default_factory=dict)   # tid (or group id) ->

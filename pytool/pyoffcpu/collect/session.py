@@ -706,6 +706,7 @@ class Session:
         try:
             if o.mode in ("wall", "off") and (o.pids or o.system_wide):
                 self.blocked.capture()
+                self.blocked.read_python_names()
             if launched is not None:
                 self.launcher.start()
                 targets.started(launched)
@@ -747,6 +748,7 @@ class Session:
         # the stacks of the waits still open, read while they are: BPF takes
         # a wait's stack only when it ends (--off-cpu sampled)
         open_waits = self.blocked.read_open_waits() if rec.offcpu == "sampled" else {}
+        self.blocked.read_python_names()
         self._end_ns = self.accounts.end_ns = time.monotonic_ns()
         self._write_control(end_ns=self._end_ns)
         if self._fold_loader is not None:

@@ -4,6 +4,10 @@ No BPF and no ptrace: everything is read from /proc and the process's
 memory (/proc/PID/mem), so it works on a deadlocked process, where no
 context switch ever comes, and costs no BPF compile.  Per thread:
 
+- its name: Python's (threading's Thread.name), else the OS's (comm);
+- with `with_locals`: each Python frame's source line, arguments and
+  locals (commands/locals.py);
+
 - its Python frames, innermost first, walked from its PyThreadState (the
   interpreter's thread list) with the same layouts the BPF walker uses;
 - with `native`: its native frames, unwound in user space from the same
@@ -37,7 +41,7 @@ GIL_SPAN = 256                  # struct _gil_runtime_state's bytes: its mutexes
 @dataclass
 class ThreadDump:
     tid: int
-    name: str
+    name: str                           # Python's name for it (threading), else comm
     state: str                          # the letter of /proc/.../stat
     state_text: str
     idle_s: Optional[float] = None      # since it last ran (None: running now, or not known)
@@ -48,6 +52,10 @@ class ThreadDump:
     python: bool = False                # a Python thread state was found for it
     holds_gil: Optional[bool] = None
     lock: Optional[dict] = None         # waiting on a futex: {"address", "owner", "why"}
+    comm: str = ""                      # the OS's name (/proc/.../comm)
+    # --locals: per Python frame, innermost first: {"frame", "source", "locals":
+    # [{"name", "argument", "repr", "value"}]}
+    locals: Optional[List[dict]] = None
 
 
 @dataclass
@@ -155,8 +163,9 @@ def futex_owner(mem, pid: int, addr: int, tids: List[int], gil: int = 0,
     return out
 
 
-def dump_process(pid: int, native: bool = False) -> ProcessDump:
-    """Everything above for one process (raises OSError when it is gone)."""
+def dump_process(pid: int, native: bool = False, with_locals: bool = False) -> ProcessDump:
+    """Everything above for one process (raises OSError when it is gone);
+    with_locals: each Python frame's arguments and locals (frame_locals)."""
     from ..cpython import detect, walker
     from ..targets.memory import MemoryError_, ProcessMemory
     if not os.path.isdir(f"/proc/{pid}"):
@@ -179,10 +188,14 @@ def dump_process(pid: int, native: bool = False) -> ProcessDump:
             except MemoryError_ as e:
                 out.notes.append(f"its thread states cannot be read: {e}")
             for tid, ts in m.states.items():
+                addresses: List[int] = []
                 try:
-                    m.stacks[tid] = walker.walk_frames(mem, pp, ts)
+                    m.stacks[tid] = walker.walk_frames(mem, pp, ts, addresses)
+                    m.frame_addresses[tid] = addresses
                 except MemoryError_:
                     pass
+            m.names = thread_names(pp, mem)
+            m.with_locals = with_locals
             m.gil_addr = _gil(out, mem, pp, m.states)
             m.holder = out.gil_holder
         out.threads = [_thread(m, tid) for tid in tids]
@@ -235,6 +248,18 @@ class _Moment:
     holder: Optional[int] = None
     gil_addr: int = 0
     unwinder_error: str = ""            # why there are no native frames (native asked for)
+    names: Dict[int, str] = field(default_factory=dict)        # tid -> Python's name for it
+    frame_addresses: Dict[int, List[int]] = field(default_factory=dict)     # tid -> its frames'
+    with_locals: bool = False
+
+
+def thread_names(pp, mem) -> Dict[int, str]:
+    """tid -> Python's name of each thread threading knows ({}: none read)."""
+    from ..cpython.threadnames import python_thread_names
+    try:
+        return python_thread_names(pp, mem)
+    except Exception:                                   # noqa: BLE001 - names are extra
+        return {}
 
 
 def _moment(pid: int, pp, mem, native: bool, tids: List[int], clocks: Optional[CpuClocks],
@@ -291,7 +316,8 @@ def _thread(m: _Moment, tid: int) -> ThreadDump:
     from ..profile.reasons import syscall_name
     pid = m.pid
     letter = _stat_state(pid, tid)
-    t = ThreadDump(tid, comm(pid, tid), letter, STATES.get(letter, letter))
+    os_name = comm(pid, tid)
+    t = ThreadDump(tid, m.names.get(tid, os_name), letter, STATES.get(letter, letter), comm=os_name)
     then = _exec_start_ms(f"/proc/{pid}/task/{tid}/sched")
     cpu = _last_cpu(pid, tid)
     now_ms = m.clocks.at(cpu) if cpu is not None and letter != "R" else None
@@ -310,6 +336,9 @@ def _thread(m: _Moment, tid: int) -> ThreadDump:
         t.holds_gil = tid == m.holder if t.python else None
     native = m.unwinder.walk_blocked(pid, tid) if m.unwinder is not None else None
     t.frames = frame_labels(m, tid, m.stacks.get(tid), native)
+    if m.with_locals and tid in m.stacks:
+        from .locals import frame_locals
+        t.locals = frame_locals(m, tid)
     return t
 
 
@@ -321,6 +350,14 @@ def children(pid: int) -> List[int]:
         c = todo.pop(0)
         out.append(c)
         todo = sorted(kids.get(c, [])) + todo
+    return out
+
+
+def render_frame_locals(fl: dict) -> List[str]:
+    """--locals: a Python frame's source line, arguments and locals."""
+    out = [f"        > {fl['source']}"] if fl.get("source") else []
+    for v in fl["locals"]:
+        out.append(f"        {'arg ' if v['argument'] else ''}{v['name']} = {v['repr']}")
     return out
 
 
@@ -354,8 +391,11 @@ def render_text(d: ProcessDump) -> str:
             bits.append(f"waiting {what} held by thread {owner} ({names.get(owner, '?')})" if owner
                         else f"waiting {what}: " + t.lock.get("why", "its owner is not known"))
         lines.append(f"thread {t.tid}" + (f" {t.name}" if t.name else "") + ": " + ", ".join(bits))
+        pending = list(t.locals or [])
         for f in t.frames:
             lines.append(f"    {f}")
+            if pending and pending[0]["frame"] == f:
+                lines.extend(render_frame_locals(pending.pop(0)))
         if not t.frames and not t.python:
             lines.append("    (no Python thread state" + (", no native frames" if d.python else "") + ")")
         if t.kernel:

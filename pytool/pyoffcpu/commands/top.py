@@ -19,6 +19,7 @@ from ..terminal import safe
 
 VIEWS = {"o": "on-CPU", "f": "off-CPU", "w": "wall"}
 SORTS = ("time", "name")
+NAMES_EVERY = 5                 # refreshes between two reads of the threads' Python names
 
 
 @dataclass
@@ -127,7 +128,7 @@ def render(w: Window, rec, title: str, view: str, sort: str, width: int = 120,
         lines.append("  (nothing in this interval)")
     lines.append("")
     lines.append(f"{'TID':>8} {'NAME':<16} {'STATE':<5} {'ON-CPU':>9} {'OFF-CPU':>9}  MAIN WAIT")
-    names = {tid: t.name for tid, t in rec.threads.items()}
+    names = {tid: rec.python_names.get(tid, t.name) for tid, t in rec.threads.items()}
     pids = {tid: t.pid for tid, t in rec.threads.items()}
     order = sorted(w.threads.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
     for tid, (ton, toff) in order[:nthreads]:
@@ -154,6 +155,8 @@ def run(session, title: str, once: bool = False, stdscr=None, multi: bool = Fals
         if live is None:
             live = Live(rec, int(1e9 // session.opts.frequency), multi)
         w = live.window()
+        if refreshes % NAMES_EVERY == 1 and not batch.final:
+            session.blocked.read_python_names()     # threads started since, renamed
         if once:
             return "once", render(w, rec, title, view, sort, 200, 10 ** 6)
         if batch.final and not w.functions and last:

@@ -7,7 +7,7 @@ a blocked thread's frames do not change, which is what this is used for.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..collect.bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
 from ..collect.bpfdefs import PYF_ENTRY
@@ -29,12 +29,17 @@ def _first_frame(mem: ProcessMemory, o: Dict[str, int], minor, tstate: int) -> i
     return mem.u64(tstate + o["tstate_current_frame"])
 
 
-def walk_frames(mem: ProcessMemory, pp: PythonProcess, tstate: int) -> Tuple[Frames, bool]:
-    """(frames innermost first, truncated) of one thread state."""
+def walk_frames(mem: ProcessMemory, pp: PythonProcess, tstate: int,
+                addresses: Optional[List[int]] = None) -> Tuple[Frames, bool]:
+    """(frames innermost first, truncated) of one thread state; each
+    frame's address (a PyFrameObject before 3.11, an interpreter frame from
+    3.11) appended to `addresses` when it is given (its locals)."""
     o, minor = pp.offsets, pp.minor
     f = _first_frame(mem, o, minor, tstate)
     frames: Frames = []
     while f and len(frames) < MAX_DEPTH:
+        if addresses is not None:
+            addresses.append(f)
         if minor <= (3, 10):
             code = mem.u64(f + o["frame_code"])
             frames.append((code, mem.i32(f + o["frame_lasti"]), PYF_ENTRY))

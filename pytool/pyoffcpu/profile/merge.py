@@ -187,7 +187,7 @@ class Merger:
                 self.stats.torn_stacks += 1
                 torn = True
                 break
-            frame = self._python_frame(info, minor, offset, flags)
+            frame = self.python_frame(info, minor, offset, flags)
             if frame is not None:
                 group.append(frame)
             if flags & PYF_ENTRY:
@@ -234,6 +234,7 @@ class Merger:
         tid = shown.get(wtid, wtid)
         thread = self.rec.threads.get(wtid)
         name = thread.name if thread is not None and thread.tid > 0 else comm
+        name = self.rec.python_names.get(wtid, name)
         out = tuple(reversed(stack)) + (P.Frame(P.FrameKind.MARKER, f"thread {tid} {name or '?'}"),)
         if wtgid != wakee_pid:
             pname = self.rec.comms.get(wtgid, "")
@@ -246,7 +247,7 @@ class Merger:
         process that execs another Python has two), else the process's."""
         return getattr(st, "python", None) or self.rec.pythons.get(st.tgid)
 
-    def _python_frame(self, info, minor, offset, flags) -> Optional[P.Frame]:
+    def python_frame(self, info, minor, offset, flags) -> Optional[P.Frame]:
         """The frame of code object `info` at `offset` (as BPF recorded it);
         None for a frame CPython itself would not show yet."""
         if minor >= (3, 11):
@@ -285,7 +286,7 @@ class Merger:
                     self.rec.code.get((st.tgid, st.frames[k][0]))) if k >= 0 else None
             if info is not None:
                 code, offset, flags = st.frames[k]
-                frame = self._python_frame(info, minor, offset, flags)
+                frame = self.python_frame(info, minor, offset, flags)
                 addr = times.by_frame.get((st.tgid, st.task_frame))
                 label = times.task_label(st.tgid, addr) if addr else ""
                 if not label.startswith("task ") or times.tasks[(st.tgid, addr)].coro_code != code:
@@ -407,6 +408,24 @@ class Merger:
             # frame-pointer unwinding through code built without them is garbage.
             leaf = [native[0].frame] if native else []
         return leaf + [f for g in groups for f in g]
+
+
+# CPython's collector entry points (3.7-3.15), where native frames are named:
+# the Python frames under them are the collector's callbacks and finalizers
+GC_NATIVE = ("gc_collect", "_PyGC_Collect", "PyGC_Collect", "collect_with_callback",
+             "collect_generations")
+
+
+def _with_gc(frames) -> tuple:
+    """The [gc] frame right under (leafward of) the Python frame that was
+    running when the collection began: the innermost one above the
+    collector's native frames where those are named, else the innermost."""
+    frames = tuple(frames)
+    stop = next((i for i, f in enumerate(frames)
+                 if f.kind is P.FrameKind.NATIVE and f.name.startswith(GC_NATIVE)), len(frames))
+    last = max((i for i, f in enumerate(frames[:stop]) if f.kind is P.FrameKind.PYTHON), default=-1)
+    at = last + 1 if last >= 0 else stop
+    return frames[:at] + (P.GC,) + frames[at:]
 
 
 def _python_leaf(frames) -> bool:
@@ -545,6 +564,10 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None, view: str = "
             frames = _in_task(merger, ph, frames)
         tid = shown.get(tid, tid)
         gil = bpfdefs.kind_gil(kind)
+        in_gc = gil == bpfdefs.GIL_HELD_GC
+        if in_gc:
+            gil = bpfdefs.GIL_HELD
+            frames = _with_gc(frames)
         reason = reasons.reason_of(kind, frames)
         if reason is None:
             if reasons.gpu_spin(frames):
@@ -556,6 +579,8 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None, view: str = "
         else:
             off_ns[tid] = off_ns.get(tid, 0) + ns
         _add_gil(prof, tid, gil, reason, ns)
+        if in_gc:
+            prof.gil[tid].gc_ns += ns
         for waker, wcount, wns in wakers_of.get(skey, ()):     # waits only
             wns = min(wns, ns)
             wcount = min(wcount, count)
@@ -581,9 +606,10 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None, view: str = "
         _add_task_waits(prof, rec)
     for tid, t in rec.threads.items():
         sid = shown[tid]
-        prof.threads[sid] = t.name
+        name = rec.python_names.get(tid, t.name) if t.threads == 1 else t.name
+        prof.threads[sid] = name
         prof.thread_info[sid] = P.ThreadInfo(
-            t.pid, sid, t.name, on_cpu_ns=t.on_ns if o.mode != "off" else 0,
+            t.pid, sid, name, on_cpu_ns=t.on_ns if o.mode != "off" else 0,
             off_cpu_ns=off_ns.get(sid, 0), samples=t.samples, first_ns=t.first_ns,
             last_ns=t.last_ns, threads=t.threads, entry=t.entry,
             ns_tid=rec.ns_ids.get(sid, 0) if sid > 0 else 0)

@@ -90,6 +90,9 @@ OMP_SPIN = Frame(FrameKind.MARKER, "[omp-spin]")
 # not hold the GIL: no CPython thread runs Python code so, the stack is not
 # to be trusted (a thread state read as another thread changed it)
 GIL_NOT_HELD = Frame(FrameKind.MARKER, "[gil not held]")
+# inside CPython's cyclic garbage collector: above the Python frame whose
+# allocation (or gc.collect()) started it
+GC = Frame(FrameKind.MARKER, "[gc]")
 # --wakers: a wait ended by an interrupt (its `current` is not the waker)
 WOKEN_BY_TIMER = Frame(FrameKind.MARKER, "[woken by timer]")
 WOKEN_BY_IRQ = Frame(FrameKind.MARKER, "[woken by irq]")
@@ -198,6 +201,7 @@ class GilTimes:
     held_off_ns: int = 0
     waiting_ns: int = 0
     unknown_on_ns: int = 0
+    gc_ns: int = 0                  # holding it, in the cyclic collector (on- and off-CPU)
     read: bool = False              # the state was read at least once
 
     @property
@@ -207,7 +211,8 @@ class GilTimes:
     def as_dict(self) -> Dict[str, int]:
         return {"held_ns": self.held_ns, "held_on_cpu_ns": self.held_on_ns,
                 "held_off_cpu_ns": self.held_off_ns, "waiting_ns": self.waiting_ns,
-                "on_cpu_without_ns": self.released_ns, "on_cpu_unknown_ns": self.unknown_on_ns}
+                "on_cpu_without_ns": self.released_ns, "on_cpu_unknown_ns": self.unknown_on_ns,
+                "in_gc_ns": self.gc_ns}
 
 
 @dataclass

@@ -57,6 +57,7 @@ def gil_lines(prof: Profile, n: int = 20) -> List[str]:
         info = prof.thread_info.get(tid)
         label = info.root_label() if info is not None else f"thread {tid} {prof.threads.get(tid, '?')}"
         unknown = f", not read {fmt_s(g.unknown_on_ns)}" if g.unknown_on_ns else ""
+        unknown += f", in the cyclic GC {fmt_s(g.gc_ns)}" if g.gc_ns else ""
         out.append(f"  {label[:40]:<40} held {fmt_s(g.held_ns):>8} ({fmt_s(g.held_off_ns)}), "
                    f"waited {fmt_s(g.waiting_ns):>8}, without {fmt_s(g.released_ns):>8}{unknown}")
     if len(rows) > n:
@@ -359,6 +360,10 @@ def render_summary(prof: Profile, top: int = 10) -> str:
             f"{r} {fmt_s(ns)}" for r, ns in sorted(everyone.items(), key=lambda kv: -kv[1])))
     lines.extend(task_lines(prof))
     lines.extend(gil_lines(prof))
+    in_gc = sum(g.gc_ns for g in prof.gil.values())
+    if in_gc:
+        lines.append(f"  the cyclic garbage collector ([gc] frames): {fmt_s(in_gc)}, "
+                     f"{100 * in_gc / max(total, 1):.1f}% of the time recorded")
     woken = wake_lines(prof)
     if woken:
         lines.append("  who ended the waits (--wakers; the longest-waiting threads, their main wait):")

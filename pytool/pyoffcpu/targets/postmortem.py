@@ -132,9 +132,10 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
             except MemoryError_ as e:
                 out.notes.append(f"its thread states cannot be read: {e}")
     gil_addr = D._gil(out, mem, pp, states) if pp is not None and states else 0
+    names = D.thread_names(pp, mem) if pp is not None else {}
     mem_u64 = memory_u64(mem)
     for t in threads:
-        d = D.ThreadDump(t.tid, t.name, "R", "running")
+        d = D.ThreadDump(t.tid, names.get(t.tid, t.name), "R", "running", comm=t.name)
         nr = in_syscall(t.regs) if t.regs else None
         if fatal is not None and t.tid == fatal.tid:
             d.state, d.state_text = "!", "took the fatal signal: " + fatal.text()

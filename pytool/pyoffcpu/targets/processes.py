@@ -32,7 +32,7 @@ import os
 import re
 import struct
 import time
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..collect import bpfdefs
 from ..native import symbols
@@ -68,6 +68,18 @@ def uid_of(pid: int) -> Optional[int]:
     return None
 
 
+def gc_flag(py: detect.PythonProcess) -> Tuple[int, int]:
+    """(gc_flag, gc_collecting) of struct proc_info: where BPF reads whether
+    the cyclic collector runs; (0, -1): not read (a layout not measured)."""
+    from ..cpython.object_table import LAYOUTS
+    lay = LAYOUTS.get(py.minor)
+    if lay is None or py.free_threaded or lay.get("gc_collecting", -1) < 0:
+        return 0, -1
+    if lay["gc_base"] == "runtime":
+        return py.runtime + lay["gc_collecting"], -1
+    return 0, lay["gc_collecting"]
+
+
 def fill_proc_info(info, py: Optional[detect.PythonProcess], epoch: int,
                    gil: Optional[detect.GilLayout] = None) -> None:
     """info (a struct proc_info, bpf/pyoffcpu.h, as ctypes) for a process
@@ -81,6 +93,7 @@ def fill_proc_info(info, py: Optional[detect.PythonProcess], epoch: int,
     info.epoch = epoch
     info.gil_addr = 0
     info.tstate_tls = 0
+    info.gc_flag = 0
     if py is None or not py.tstate_found:
         return
     o = py.offsets
@@ -98,6 +111,7 @@ def fill_proc_info(info, py: Optional[detect.PythonProcess], epoch: int,
         info.interp_ceval_gil = gil.interp_ceval_gil
         info.gil_holder = gil.holder
         info.gil_addr = gil.addr
+        info.gc_flag, info.gc_collecting = gc_flag(py)
 
 
 class Select:
