@@ -57,7 +57,7 @@ demo: root
 # chroot (first run ~8 min, then instant); its debootstrap downloads with wget;
 # `bookworm`: a plain Debian 12 root the .deb is installed into (tests/test_packaging.py).
 test: root
-	tools/setup-system.sh chromium python3.11-dbg wget golang-go tmux libomp5-14 zstd lz4
+	tools/setup-system.sh chromium python3.11-dbg wget golang-go tmux libomp5-14 zstd lz4 gdb
 	tools/build-chroot.sh
 	tools/build-chroot.sh bookworm
 	@$(MAKE) --no-print-directory $(VENV)/.installed

@@ -516,7 +516,7 @@ def dump(pid, core, exe, root, native, with_locals, as_json, subprocesses, async
     from .commands import dump as D
     from .collect.platform import check_privileges
     if core is not None:
-        _dump_core(core, exe, root, as_json, pid, subprocesses or async_tasks)
+        _dump_core(core, exe, root, as_json, pid, subprocesses or async_tasks, with_locals)
         return
     if pid is None:
         fail("dump needs -p PID or --core FILE", "see pyoffcpu dump --help")
@@ -546,7 +546,7 @@ def dump(pid, core, exe, root, native, with_locals, as_json, subprocesses, async
         echo("\n\n".join(D.render_text(d) for d in dumps))
 
 
-def _dump_core(path: str, exe, root, as_json: bool, pid, live_only) -> None:
+def _dump_core(path: str, exe, root, as_json: bool, pid, live_only, with_locals=False) -> None:
     from .commands import dump as D
     from .commands.coredump import dump_core
     from .targets.corefile import CoreError
@@ -555,7 +555,7 @@ def _dump_core(path: str, exe, root, as_json: bool, pid, live_only) -> None:
     if root is not None and not os.path.isdir(root):
         fail(f"--root {root}: not a directory")
     try:
-        d = dump_core(path, root=root, exe=exe)
+        d = dump_core(path, root=root, exe=exe, with_locals=with_locals)
     except CoreError as e:
         fail(str(e))
     if as_json:

@@ -10,11 +10,14 @@ crash names no frame instead of naming them wrong.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 from typing import Dict, List, Optional, Tuple
 
 from ..targets import corefile as C
 from ..targets import postmortem as PM
+
+SIGSTOP = int(signal.SIGSTOP)
 
 
 def _check_files(core: C.Core, root: Optional[str], exe: Optional[str]
@@ -78,11 +81,42 @@ def _maps(core: C.Core, ok: Dict[str, Tuple[str, int]]):
         elif seg.vaddr == vdso:
             path = "[vdso]"
         out.append(Mapping(seg.vaddr, seg.vaddr + seg.memsz, offset, seg.perms, path, inode))
+    # the file mappings a core has no segment for (gdb's gcore leaves out the
+    # read-only ones: code, .rodata), known from NT_FILE; executable when
+    # they are a text segment by their file's program headers
+    starts = {seg.vaddr for seg in core.segments}
+    for fm in core.files:
+        if fm.start not in starts and fm.path in ok:
+            path, inode = ok[fm.path]
+            out.append(Mapping(fm.start, fm.end, fm.offset, _file_perms(path, fm.offset), path, inode))
+    out.sort(key=lambda m: m.start)
+    return out
+
+
+def _file_perms(path: str, offset: int) -> str:
+    """A mapping's permissions as its file's PT_LOAD at that offset gives
+    them (NT_FILE has none): `r-xp` for code, `r--p` otherwise."""
+    from ..native.elffile import PF_X, default_cache, segment_for_offset
+    elf = default_cache().get(path)
+    seg = segment_for_offset(offset, elf.segments) if elf is not None else None
+    return "r-xp" if seg is not None and seg.flags & PF_X else "r--p"
+
+
+def _blank_stacks(core: C.Core) -> List[int]:
+    """The threads whose stack, at their stack pointer, the core keeps as
+    zeros (a return address is never 0: nothing was written there)."""
+    out = []
+    for t in core.threads:
+        sp = t.regs.get("sp") if t.regs else None
+        seg = C.segment_at(core, sp) if sp else None
+        got = core.bytes_at(seg, sp, 256) if seg is not None else None
+        if got is not None and not any(got):
+            out.append(t.tid)
     return out
 
 
 def dump_core(path: str, root: Optional[str] = None, exe: Optional[str] = None,
-              native: bool = True):
+              native: bool = True, with_locals: bool = False):
     """The ProcessDump of the core at path.  Raises corefile.CoreError."""
     from ..cpython import detect
     core = C.open_core(path)
@@ -99,15 +133,26 @@ def dump_core(path: str, root: Optional[str] = None, exe: Optional[str] = None,
         si = core.siginfo
         first = core.threads[0]
         fatal = None
-        if si is not None:
+        if si is not None and si.signo == SIGSTOP or si is None and first.cursig == SIGSTOP:
+            # SIGSTOP kills nothing: a core of a running process (gdb's gcore)
+            notes.append("a core of a process that was running (stopped by SIGSTOP, "
+                         "as gdb's gcore stops it), not of a crash")
+        elif si is not None:
             fatal = PM.Fatal(first.tid, si.signo, si.code, si.addr, si.sender)
         elif first.cursig:
             fatal = PM.Fatal(first.tid, first.cursig, 0)
         threads = [PM.DeadThread(t.tid, t.regs, core.comm if t.tid == core.pid else "")
                    for t in core.threads]
+        blank = _blank_stacks(core)
+        if blank:
+            notes.append(f"{len(blank)} of {len(threads)} threads' stacks hold only zeros in the core "
+                         "(gdb 13's gcore writes zeros for a stack whose guard page lies inside it, as "
+                         "glibc 2.42+ makes them): their native frames, and the Python frames that "
+                         "follow a frame kept on the C stack (3.12+), are lost")
         what = f"core file {path}" + (f" ({core.compressed})" if core.compressed else "")
         d = PM.build(core.pid, core.comm, maps, mem, threads, fatal, pp, native=native,
-                     notes=tuple([f"from {what}: {core.args}"] + notes), python_note=why)
+                     notes=tuple([f"from {what}: {core.args}"] + notes), python_note=why,
+                     with_locals=with_locals)
         if pp is not None:
             d.notes.extend(pp.notices)
         d.fatal = fatal.as_dict() if fatal else None

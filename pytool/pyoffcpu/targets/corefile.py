@@ -444,7 +444,11 @@ class CoreMemory(WordReads):
         i = bisect.bisect_right(self._starts, addr) - 1
         seg = self.core.segments[i] if i >= 0 else None
         if seg is None or addr >= seg.vaddr + seg.memsz:
-            raise MemoryError_(f"{addr:#x} is not in the core's memory")
+            # no segment at all (gdb's gcore leaves read-only file mappings
+            # out, where the kernel writes empty ones): the file's, if known
+            nxt = self._starts[i + 1] if i + 1 < len(self._starts) else addr + size
+            return self._from_file(addr, min(size, nxt - addr),
+                                   f"{addr:#x} is not in the core's memory")
         n = min(size, seg.vaddr + seg.memsz - addr)
         if addr - seg.vaddr < seg.filesz:
             n = min(n, seg.vaddr + seg.filesz - addr)
@@ -453,10 +457,10 @@ class CoreMemory(WordReads):
                 return got
         return self._from_file(addr, n)
 
-    def _from_file(self, addr: int, n: int) -> bytes:
+    def _from_file(self, addr: int, n: int, missing: str = "") -> bytes:
         j = bisect.bisect_right(self._map_starts, addr) - 1
         if j < 0 or addr >= self._maps[j][1]:
-            raise MemoryError_(f"{addr:#x} is not in the core (a mapping it did not keep)")
+            raise MemoryError_(missing or f"{addr:#x} is not in the core (a mapping it did not keep)")
         start, end, offset, path = self._maps[j]
         n = min(n, end - addr)
         fd = self._fds.get(path)

@@ -102,7 +102,8 @@ def in_syscall(regs: Dict[str, int]) -> Optional[int]:
 
 
 def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Optional[Fatal],
-          pp=None, native: bool = True, notes: Tuple[str, ...] = (), python_note: str = ""):
+          pp=None, native: bool = True, notes: Tuple[str, ...] = (), python_note: str = "",
+          with_locals: bool = False):
     """The ProcessDump (commands/dump.py) of a dead process.  maps: its
     mappings with paths we can open (a file that is not the one it had is
     left without a path by the caller); pp: its PythonProcess (None: not
@@ -149,10 +150,15 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
         d.kernel = list(t.kernel)
         frames = t.python
         if frames is None and t.tid in states:
+            addresses: List[int] = []
             try:
-                frames = walker.walk_frames(mem, pp, states[t.tid])
+                frames = walker.walk_frames(mem, pp, states[t.tid], addresses)
             except MemoryError_:
                 frames = None
+            if frames is not None and with_locals:
+                from ..commands.locals import frame_locals
+                m.stacks[t.tid], m.frame_addresses[t.tid] = frames, addresses
+                d.locals = frame_locals(m, t.tid)
         d.python = frames is not None or t.tid in states
         if out.gil_holder is not None or states:
             d.holds_gil = t.tid == out.gil_holder if d.python else None
@@ -177,4 +183,9 @@ def exe_path(files, auxv: Dict[int, int]) -> Optional[str]:
 
 
 def host_path(path: str, root: Optional[str]) -> str:
-    return os.path.join(root, path.lstrip("/")) if root else path
+    """The path a core names, on this machine: under root, unless it names
+    a file under root already (a core written from outside the container,
+    as gdb's gcore on the host writes one, holds the host's paths)."""
+    if not root or path.startswith(root.rstrip("/") + "/"):
+        return path
+    return os.path.join(root, path.lstrip("/"))
