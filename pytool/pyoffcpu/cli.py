@@ -502,9 +502,8 @@ machine (or --root), and only where their build-id is the core's.
                    "chroot's tree); its files are read from there.")
 @click.option("--native", is_flag=True,
               help="Native frames too (unwound from .eh_frame; a thread running on a CPU has none).")
-@click.option("--locals", "with_locals", is_flag=True,
-              help="Each Python frame's arguments and local variables (read from its memory, "
-                   "never by running its code; long values cut), and its source line.")
+@click.option("--locals", "with_locals", is_flag=True, help="Each Python frame's arguments, local "
+              "variables (read from its memory, never by running its code) and source line.")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout instead of text.")
 @click.option("--subprocesses", is_flag=True, help="The processes it started too.")
 @click.option("--async", "async_tasks", is_flag=True,
@@ -516,7 +515,16 @@ def dump(pid, core, exe, root, native, with_locals, as_json, subprocesses, async
     from .commands import dump as D
     from .collect.platform import check_privileges
     if core is not None:
-        _dump_core(core, exe, root, as_json, pid, subprocesses or async_tasks, with_locals)
+        from .commands.coredump import dump_core
+        from .targets.corefile import CoreError
+        if pid is not None or subprocesses or async_tasks:
+            fail("--core reads one dead process: -p, --subprocesses and --async are for live ones")
+        if root is not None and not os.path.isdir(root):
+            fail(f"--root {root}: not a directory")
+        try:
+            _print_dumps([dump_core(core, root=root, exe=exe, with_locals=with_locals)], as_json, False)
+        except CoreError as e:
+            fail(str(e))
         return
     if pid is None:
         fail("dump needs -p PID or --core FILE", "see pyoffcpu dump --help")
@@ -538,31 +546,16 @@ def dump(pid, core, exe, root, native, with_locals, as_json, subprocesses, async
         except OSError as e:
             if p == pid:
                 fail(f"cannot read process {pid}: {e.strerror or e}")
+    _print_dumps(dumps, as_json, subprocesses)
+
+
+def _print_dumps(dumps, as_json: bool, several: bool) -> None:
+    from .commands import dump as D
     if as_json:
         import json
-        echo(json.dumps([d.as_dict() for d in dumps] if subprocesses else dumps[0].as_dict(),
-                              indent=1))
+        echo(json.dumps([d.as_dict() for d in dumps] if several else dumps[0].as_dict(), indent=1))
     else:
         echo("\n\n".join(D.render_text(d) for d in dumps))
-
-
-def _dump_core(path: str, exe, root, as_json: bool, pid, live_only, with_locals=False) -> None:
-    from .commands import dump as D
-    from .commands.coredump import dump_core
-    from .targets.corefile import CoreError
-    if pid is not None or live_only:
-        fail("--core reads one dead process: -p, --subprocesses and --async are for live ones")
-    if root is not None and not os.path.isdir(root):
-        fail(f"--root {root}: not a directory")
-    try:
-        d = dump_core(path, root=root, exe=exe, with_locals=with_locals)
-    except CoreError as e:
-        fail(str(e))
-    if as_json:
-        import json
-        echo(json.dumps(d.as_dict(), indent=1))
-    else:
-        echo(D.render_text(d))
 
 
 def _dump_async(pid: int, as_json: bool) -> None:
