@@ -110,21 +110,14 @@ class BlockedThreads:
         rec.python_names; read at the start and before the end mark, so a
         thread renamed meanwhile keeps its last name."""
         from ..cpython.threadnames import python_thread_names
-        from ..targets.memory import ProcessMemory
         for tgt in self.s.targets:
-            if tgt.python is None or tgt.exited:
+            if tgt.python is None or tgt.mem is None or tgt.exited:
                 continue
             try:
-                mem = ProcessMemory(tgt.pid)
-            except OSError:
-                continue
-            try:
-                names = python_thread_names(tgt.python, mem)
+                names = python_thread_names(tgt.python, tgt.mem)
                 tids = os.listdir(f"/proc/{tgt.pid}/task") if tgt.pid in self.s.rec.ns_ids else ()
             except Exception:                           # noqa: BLE001 - names are extra
                 continue
-            finally:
-                mem.close()
             self.s.rec.python_names.update(self._host_ids(tgt, names, tids))
 
     def keep_pystack(self, tgt, tid: int, frames, truncated: bool) -> int:

@@ -14,7 +14,8 @@ import os
 from typing import Dict, List, Optional
 
 from ..native.elffile import open_regular_file
-from ..targets.procfs import read_text, stat_fields
+from ..targets.procfs import read_text
+from ..targets.processes import start_ticks
 
 MAX_SOURCE_BYTES = 8 << 20      # a source file read for its line at most
 MAX_LINE_SHOWN = 200
@@ -88,13 +89,9 @@ class _Sources:
 
 def _start_time(pid: int) -> Optional[float]:
     """When the process started, in unix seconds (None: not known)."""
-    fields = stat_fields(f"/proc/{pid}/stat")
+    ticks = start_ticks(pid)
     boot = next((ln.split()[1] for ln in (read_text("/proc/stat") or "").splitlines()
                  if ln.startswith("btime ")), None)
-    if len(fields) < 20 or boot is None:
+    if not ticks or boot is None or not boot.isdigit():
         return None
-    try:
-        return int(boot) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except ValueError:
-        return None
-
+    return int(boot) + ticks / os.sysconf("SC_CLK_TCK")

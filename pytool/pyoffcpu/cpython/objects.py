@@ -174,9 +174,9 @@ class ObjectReader:
             raise ObjectError("an implausible dict")
         return self._entries(keys, values, limit), used
 
-    def _entries(self, keys: int, values: int, limit: int, values_at: int = -1) -> List[Tuple[int, int]]:
-        """The entries of a keys object, the values from `values` (split:
-        values_at bytes into it hold the array) when it is not 0."""
+    def _entries(self, keys: int, values: int, limit: int) -> List[Tuple[int, int]]:
+        """The entries of a keys object, the values from the split values at
+        `values` (their array values_items bytes in) when it is not 0."""
         L, m = self.L, self.mem
         if self.minor < (3, 11):
             size = m.i64(keys + L["dict_keys_size"])
@@ -185,8 +185,6 @@ class ObjectReader:
                 raise ObjectError("implausible dict keys")
             ix = 1 if size <= 0xff else 2 if size <= 0xffff else 4 if size <= 0xffffffff else 8
             entries, esize = keys + L["dict_keys_indices"] + size * ix, 24
-            if values_at < 0:
-                values_at = 0
         else:
             hdr = m.read(keys, 16)
             log2_index_bytes, kind = hdr[9], hdr[10]
@@ -195,13 +193,11 @@ class ObjectReader:
                 raise ObjectError("implausible dict keys")
             entries = keys + L["dict_keys_indices"] + (1 << log2_index_bytes)
             esize = 24 if kind == 0 else 16
-            if values_at < 0:
-                values_at = 0 if self.minor < (3, 13) else 8
         if nentries < 0 or nentries > MAX_DICT_ENTRIES:
             raise ObjectError("implausible dict entries")
         n = min(nentries, MAX_DICT_ENTRIES)
         raw = m.read(entries, n * esize) if n else b""
-        vals = m.read(values + values_at, 8 * n) if values and n else b""
+        vals = m.read(values + L.get("values_items", 0), 8 * n) if values and n else b""
         out = []
         for i in range(n):
             if esize == 24:
@@ -258,7 +254,7 @@ class ObjectReader:
                 return 0
         else:
             values = obj + m.i64(tp + L["type_basicsize"])
-        return self._find_key(self._entries(keys, values, MAX_DICT_ENTRIES, L["values_items"]), name)
+        return self._find_key(self._entries(keys, values, MAX_DICT_ENTRIES), name)
 
     # -- modules ----------------------------------------------------------------------
     def module_global(self, interp: int, module: str, name: str) -> int:
