@@ -243,6 +243,8 @@ struct group_t {
 #define TH_RSEQ       1024          /* checked: it has rseq (rseq_update fires for it) */
 #define TH_NO_RSEQ    2048          /* ... it has none, or went back to user space without
                                        rseq_update: its waits are captured at their switch-outs */
+#define SHORT_SLOTS   4             /* a thread's KIND_SHORT totals kept in its entry: a power of two */
+#define SHORT_SLOTS_LOG2 2
 struct thread_t {
     unsigned int tgid;
     unsigned int flags;
@@ -261,18 +263,18 @@ struct thread_t {
     int pend_kstack;
     unsigned long long pend_ns;     /* its weight */
     unsigned long long pend_from;   /* the wait's start (--wakers: a waker after it woke it) */
-    /* its KIND_SHORT total of one kind not in agg yet: added when a wait of
-     * another kind comes, past SHORT_FLUSH_NS, at its end, and by user space
-     * at the end of the recording */
-    unsigned int short_kind;
-    unsigned int short_n;           /* how many waits */
-    unsigned long long short_ns;
+    /* its KIND_SHORT totals not in agg yet, one slot per kind (short_n 0:
+     * free): added when a kind finds no slot free, past SHORT_FLUSH_NS, at
+     * its end, and by user space at the end of the recording */
+    unsigned int short_kind[SHORT_SLOTS];
+    unsigned int short_n[SHORT_SLOTS];  /* how many waits */
+    unsigned long long short_ns[SHORT_SLOTS];
     unsigned int pend_rounds;       /* switch-outs the owed capture was kept over (still in
                                        the kernel since its wait); MAX_PEND_ROUNDS at most */
     unsigned int pend_pad;
 };
 #define MAX_PEND_ROUNDS 32
-#define SHORT_FLUSH_NS  100000000   /* 100 ms: a live view lags no more than that */
+#define SHORT_FLUSH_NS  100000000   /* 100 ms: a live view lags no more than that per slot */
 
 struct offcpu_start {
     struct stack_key key;

@@ -91,32 +91,63 @@ static __always_inline void exact_close(struct control_t *ctl, struct thread_t *
 #endif
 }
 
-/* The thread's KIND_SHORT time kept in its entry goes to agg. */
-static __always_inline void short_flush(struct thread_t *th, u32 tid)
+/* Slot i of the thread's KIND_SHORT totals kept in its entry goes to agg. */
+static __always_inline void short_flush_slot(struct thread_t *th, u32 tid, u32 i)
 {
-    if (!th->short_n)
+    i &= SHORT_SLOTS - 1;
+    if (!th->short_n[i])
         return;
     struct stack_key key = {};
     key.tgid = th->tgid;
     key.tid = tid;
     key.ustack = USTACK_SHORT;
     key.kstack = -1;
-    key.kind = th->short_kind | KIND_SHORT;
-    add_time_n(&key, th->short_n, th->short_ns);
-    th->short_n = 0;
-    th->short_ns = 0;
+    key.kind = th->short_kind[i] | KIND_SHORT;
+    add_time_n(&key, th->short_n[i], th->short_ns[i]);
+    th->short_n[i] = 0;
+    th->short_ns[i] = 0;
 }
 
-/* A short wait's time into its thread's KIND_SHORT total of its kind: in
- * the thread's entry while its waits are of one kind (a hash update in agg
- * at every wait was most of a switch's cost). */
+/* All of them (the thread's last switch-out). */
+static __always_inline void short_flush(struct thread_t *th, u32 tid)
+{
+    for (u32 i = 0; i < SHORT_SLOTS; i++)
+        short_flush_slot(th, tid, i);
+}
+
+/* A short wait's time into its thread's KIND_SHORT total of its kind, kept
+ * in the thread's entry: one slot per kind, SHORT_SLOTS kinds at a time (a
+ * hash update in agg at every wait was most of a switch's cost, and the
+ * waits of a thread that serves a request alternate between a few kinds:
+ * accept, recv, a lock).  A kind that finds every slot taken by others
+ * sends one of them to agg first; a slot goes there too once it holds
+ * SHORT_FLUSH_NS.  Exact either way: only when the time reaches agg moves. */
 static __always_inline void short_add(struct thread_t *th, u32 tid, u32 kind, u64 ns)
 {
-    if (th->short_n && (th->short_kind != kind || th->short_ns >= SHORT_FLUSH_NS))
-        short_flush(th, tid);
-    th->short_kind = kind;
-    th->short_n += 1;
-    th->short_ns += ns;
+    u32 slot = SHORT_SLOTS, free = SHORT_SLOTS;
+#pragma unroll
+    for (u32 i = 0; i < SHORT_SLOTS; i++) {
+        if (th->short_n[i]) {
+            if (th->short_kind[i] == kind)
+                slot = i;
+        } else if (free == SHORT_SLOTS) {
+            free = i;
+        }
+    }
+    if (slot == SHORT_SLOTS) {
+        if (free == SHORT_SLOTS) {
+            /* every slot holds another kind: the one this kind hashes to goes */
+            free = (kind * 2654435761U) >> (32 - SHORT_SLOTS_LOG2);
+            short_flush_slot(th, tid, free);
+        }
+        slot = free & (SHORT_SLOTS - 1);
+        th->short_kind[slot] = kind;
+    }
+    slot &= SHORT_SLOTS - 1;
+    th->short_n[slot] += 1;
+    th->short_ns[slot] += ns;
+    if (th->short_ns[slot] >= SHORT_FLUSH_NS)
+        short_flush_slot(th, tid, slot);
 }
 
 /* A wait ends whose stack was not taken (OFFCPU_SAMPLED; OFFCPU_SHADOW's

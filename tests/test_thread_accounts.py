@@ -14,7 +14,7 @@ PID = 50
 
 
 def record(tid, *, flags=0, on_ns=0, ts=0, first_ts=0, last_ts=0, unseen_ns=0, comm=b"worker",
-           short_kind=0, short_n=0, short_ns=0, pend_kind=0, pend_kstack=-1, pend_ns=0):
+           short_kind=(0, 0, 0, 0), short_n=(0, 0, 0, 0), short_ns=(0, 0, 0, 0), pend_kind=0, pend_kstack=-1, pend_ns=0):
     return SimpleNamespace(tgid=PID, comm=comm, on_ns=on_ns, flags=flags, ts=ts, first_ts=first_ts,
                            last_ts=last_ts, unseen_ns=unseen_ns, short_kind=short_kind, short_n=short_n,
                            short_ns=short_ns, pend_kind=pend_kind, pend_kstack=pend_kstack, pend_ns=pend_ns)
@@ -128,12 +128,15 @@ def test_sampled_waits_left_in_a_threads_entry_are_added_at_its_close():
     from pyoffcpu.profile.waits import KIND_SAMPLED, KIND_SHORT
     acc = accounts()
     futex = bpfdefs.KIND_SLEEP | (203 << bpfdefs.SYS_SHIFT)
+    read = bpfdefs.KIND_SLEEP | (1 << bpfdefs.SYS_SHIFT)
     th = record(7, flags=TH["OFF"] | TH["PENDING"], ts=START + 10, first_ts=START + 5,
-                short_kind=futex, short_n=12, short_ns=3456, pend_kind=futex | KIND_SAMPLED, pend_ns=10_101_010)
+                short_kind=(0, futex, read, 0), short_n=(0, 12, 3, 0), short_ns=(0, 3456, 789, 0),
+                pend_kind=futex | KIND_SAMPLED, pend_ns=10_101_010)
     acc.thread_times(7, th)
     acc.close_thread(7, th)
     stacks = acc.rec.stacks
     assert stacks[(PID, 7, SHORT_WAITS, -1, 0, futex | KIND_SHORT)] == [12, 3456]
+    assert stacks[(PID, 7, SHORT_WAITS, -1, 0, read | KIND_SHORT)] == [3, 789]
     assert stacks[(PID, 7, NO_STACK, -1, 0, futex | KIND_SAMPLED)] == [1, 10_101_010]
     assert acc.rec.drops == {"wait's stack not taken (the recording ended)": 1}
 

@@ -11,8 +11,8 @@ many threads a server starts.
 
 ThreadAccounts works on plain values: a thread record is anything with the
 fields of bpf/pyoffcpu.h's struct thread_t (tgid, comm, on_ns, flags, ts,
-first_ts, last_ts, unseen_ns; with --off-cpu sampled short_kind, short_n,
-short_ns and pend_kind, pend_kstack, pend_ns), so it runs on recorded batches without BPF
+first_ts, last_ts, unseen_ns; with --off-cpu sampled the arrays short_kind,
+short_n, short_ns (one slot per kind) and pend_kind, pend_kstack, pend_ns), so it runs on recorded batches without BPF
 (tests/test_thread_accounts.py)."""
 from __future__ import annotations
 
@@ -111,9 +111,10 @@ class ThreadAccounts:
         if th.unseen_ns:
             # off-CPU after a switch-out BPF missed: the time is known, its stack not
             self.add_own((t.pid, tid, NO_STACK, -1, 0, bpfdefs.KIND_OTHER), 1, th.unseen_ns)
-        if th.short_n:
-            # its last short waits, kept in its entry (bpf: short_add)
-            self.add((t.pid, tid, SHORT_WAITS, -1, 0, th.short_kind | KIND_SHORT), th.short_n, th.short_ns)
+        for kind, n, ns in zip(th.short_kind, th.short_n, th.short_ns):
+            if n:
+                # its last short waits of a kind, kept in its entry (bpf: short_add)
+                self.add((t.pid, tid, SHORT_WAITS, -1, 0, kind | KIND_SHORT), n, ns)
         if flags & TH["PENDING"]:
             # a wait's stack owed, not taken before the end: its time all the same
             self.add((t.pid, tid, NO_STACK, th.pend_kstack, 0, th.pend_kind), 1, th.pend_ns)
