@@ -59,6 +59,10 @@ BPF_ARRAY(bigbuf, struct crash_stack, NCPUS);
 BPF_TABLE("lru_hash", u32, u64, execs, 16384);
 /* the objects copied in the last captures (crash_seen), for their dedup */
 BPF_TABLE("lru_hash", struct crash_seen, u8, seen, 1024);
+/* what became of the crash signals (crashes.h CRT_*), and each user's
+ * budget (LRU: a bound however many users crash) */
+BPF_PERCPU_ARRAY(tally, u64, CRT_N);
+BPF_TABLE("lru_hash", u32, struct uid_budget, budgets, 1024);
 /* walk_python's counters (pyoffcpu.h DROP_*), as the profiler's */
 BPF_PERCPU_ARRAY(drops, u64, N_DROPS);
 
@@ -71,6 +75,53 @@ static __always_inline void count_drop(int idx)
 
 /* current_tstate, walk_python: the profiler's own (inlined by the loader) */
 #include "pywalk.h" /* inline */
+
+static __always_inline void tally_add(int idx)
+{
+    u64 *v = tally.lookup(&idx);
+    if (v)
+        (*v)++;
+}
+
+/* A record after CR_MAIN; one that does not fit in the buffer marks the
+ * capture (CRF_PART_LOST), which user space then gives as incomplete. */
+static __always_inline void submit(void *ctx, struct crash_state *s, void *data, u64 size)
+{
+    if (events.perf_submit(ctx, data, size) != 0)
+        s->flags |= CRF_PART_LOST;
+}
+
+/* The user's budget for this second (crashes.h): 0 capture in full, 1
+ * without the stack's copy, -1 not at all (counted). */
+static __always_inline int budget(u32 uid, u64 now)
+{
+    struct uid_budget *b = budgets.lookup(&uid);
+    if (!b) {
+        struct uid_budget fresh = {};
+        fresh.window = now;
+        budgets.update(&uid, &fresh);
+        b = budgets.lookup(&uid);
+        if (!b)
+            return 0;               /* no entry: capture, as before budgets */
+    }
+    if (now - b->window >= 1000000000ULL) {
+        b->window = now;
+        b->full = 0;
+        b->all = 0;
+    }
+    if (b->all >= CR_PER_UID_S) {
+        __sync_fetch_and_add(&b->rate, 1);
+        tally_add(CRT_RATE);
+        return -1;
+    }
+    __sync_fetch_and_add(&b->all, 1);
+    if (b->full >= CR_FULL_PER_UID_S) {
+        tally_add(CRT_LIGHT);
+        return 1;
+    }
+    __sync_fetch_and_add(&b->full, 1);
+    return 0;
+}
 
 static __always_inline void fill_hdr(struct crash_hdr *h, struct crash_state *s, u32 kind, u32 len)
 {
@@ -87,7 +138,7 @@ static __always_inline void send_end(void *ctx, struct crash_state *s)
     fill_hdr(&e.h, s, CR_END, 0);
     e.flags = s->flags;
     e.objects = s->objects;
-    events.perf_submit(ctx, &e, sizeof(e));
+    submit(ctx, s, &e, sizeof(e));
 }
 
 /* The user stack from sp up, page by page: a read that crosses into an
@@ -119,7 +170,7 @@ static __always_inline void send_stack(void *ctx, struct crash_state *s, u64 sp)
     u64 size = off;
     if (size > CR_STACK_MAX)
         size = CR_STACK_MAX;
-    events.perf_submit(ctx, b, offsetof(struct crash_stack, data) + size);
+    submit(ctx, s, b, offsetof(struct crash_stack, data) + size);
 }
 
 int crash_signal(struct bpf_raw_tracepoint_args *ctx)
@@ -144,7 +195,12 @@ int crash_signal(struct bpf_raw_tracepoint_args *ctx)
     struct crash_main *m = mainbuf.lookup(&zero);
     if (!s || !m)
         return 0;
-    s->id = bpf_ktime_get_ns();
+    u64 now = bpf_ktime_get_ns();
+    tally_add(CRT_SEEN);
+    int light = budget(uid, now);
+    if (light < 0)
+        return 0;
+    s->id = now;
     s->tgid = tgid;
     s->tid = (u32)id;
     s->flags = 0;
@@ -190,11 +246,20 @@ int crash_signal(struct bpf_raw_tracepoint_args *ctx)
     }
     if (!sp)
         s->flags |= CRF_NO_REGS;
+    if (light)
+        s->flags |= CRF_LIGHT;
     m->kstack_len = bpf_get_stack(ctx, m->kstack, sizeof(m->kstack), 0);
     m->flags = s->flags;
-    events.perf_submit(ctx, m, sizeof(*m));
+    if (events.perf_submit(ctx, m, sizeof(*m)) != 0) {
+        /* nothing of it can reach user space: counted, per user too */
+        tally_add(CRT_LOST);
+        struct uid_budget *b = budgets.lookup(&uid);
+        if (b)
+            __sync_fetch_and_add(&b->lost, 1);
+        return 0;
+    }
 
-    if (sp)
+    if (sp && !light)
         send_stack(ctx, s, sp);
 
     if (procs.lookup(&tgid)) {
@@ -235,7 +300,7 @@ static __always_inline void after_thread(void *ctx, struct crash_state *s)
  * the next thread. */
 static __always_inline void send_frames(void *ctx, struct crash_state *s, struct crash_py *p)
 {
-    events.perf_submit(ctx, p, sizeof(*p));
+    submit(ctx, s, p, sizeof(*p));
     s->frame = 0;
     s->obj = 0;
     if (p->st.depth) {
@@ -374,7 +439,7 @@ static __always_inline void copy_object(void *ctx, struct crash_state *s, struct
     }
     fill_hdr(&b->h, s, CR_MEM, (u32)n);
     b->addr = addr;
-    events.perf_submit(ctx, b, offsetof(struct crash_mem, data) + n);
+    submit(ctx, s, b, offsetof(struct crash_mem, data) + n);
     s->objects++;
 }
 

@@ -36,6 +36,32 @@
 #define CRF_MEM_CUT      32         /* an object was larger than CR_MEM_MAX: cut */
 #define CRF_OBJS_LEFT    64         /* the tail calls ran out: objects or other threads left out */
 #define CRF_OTHERS_READ  128        /* the thread list could not be read: other threads left out */
+#define CRF_LIGHT        256        /* over its user's budget of full captures: no stack copy */
+#define CRF_PART_LOST    512        /* a record after CR_MAIN could not be sent (the buffer was full) */
+
+/* Every crash signal that passed the filter, by what became of it: user
+ * space sets reports beside these, so that no crash goes without a word. */
+#define CRT_SEEN   0                /* signals that passed the filter */
+#define CRT_LOST   1                /* CR_MAIN could not be sent: the perf buffer was full */
+#define CRT_RATE   2                /* over its user's budget of captures a second: not captured */
+#define CRT_LIGHT  3                /* over its user's budget of full captures: captured without
+                                       the user stack's copy */
+#define CRT_N      4
+
+/* Per user, in the current second: a storm of one user's crashes (a
+ * hundred workers dying at once) cannot fill the perf buffer for another
+ * user's crash in the same second.  The first CR_FULL_PER_UID_S get the
+ * stack's copy (32 KiB), up to CR_PER_UID_S more only the rest (CRF_LIGHT:
+ * registers, kernel stack, Python frames and code objects); past that,
+ * counted (CRT_RATE and `rate`) and not captured. */
+#define CR_FULL_PER_UID_S 4
+#define CR_PER_UID_S      160
+struct uid_budget {
+    unsigned long long window;      /* the second's start (ktime) */
+    unsigned int full, all;         /* captures in it: with the stack, at all */
+    unsigned long long rate;        /* crashes not captured (over the budget), all time */
+    unsigned long long lost;        /* crashes whose CR_MAIN could not be sent, all time */
+};
 
 /* control: the filter, written by user space */
 #define CR_ANY_UID 0xffffffff

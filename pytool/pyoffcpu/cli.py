@@ -401,6 +401,8 @@ def crashes(directory, all_, match, uid, keep_days, max_total_mb, rescan, count,
             f = e.get("signal") or {}
             echo(f"{_t.strftime('%Y-%m-%d %H:%M:%S', _t.localtime(e['time']))}  pid {e.get('pid')} "
                  f"{e.get('name', '')}: {f.get('signal', '?') if isinstance(f, dict) else '?'}  {path}")
+        for line in K.not_reported(directory):
+            echo(line)
         if not rows:
             echo(f"no crash recorded in {directory}", err=True)
         return

@@ -41,8 +41,21 @@ CRF = bpfdefs.with_prefix("CRF_")
 # the registers CapturedThread.regs names, from struct pt_regs (offsets from BTF)
 REGS = ("ip", "sp", "bp", "bx", "ax", "orig_ax", "di", "si", "dx", "cx", "r8", "r9", "r10", "r11",
         "r12", "r13", "r14", "r15", "cs", "flags", "ss")
-PAGE_CNT = 64                       # perf buffer pages per CPU (256 KiB): a deep Python stack's
-                                    # objects and a 32 KiB stack, several crashes at once
+BUFFER_TOTAL = 2 << 20              # the perf buffer, all CPUs together: a storm's burst (a hundred
+                                    # captures of ~8 KiB without their stacks, a few of ~40 KiB with)
+
+
+def page_cnt_for(ncpus: int) -> int:
+    """Pages per CPU: BUFFER_TOTAL spread over the CPUs (a burst spreads over
+    them too), a power of two, 64 (256 KiB: a full capture of a deep stack)
+    to 256."""
+    want = BUFFER_TOTAL // max(ncpus, 1) // 4096
+    n = 64
+    while n < want and n < 256:
+        n *= 2
+    return n
+
+
 INCOMPLETE_AFTER_S = 2.0            # a capture without its END by then is given as it is
 _BPF_ENABLE_STATS, _BPF_STATS_RUN_TIME = 32, 0
 _T = bpfdefs.struct_type
@@ -75,6 +88,20 @@ class CrashEvent:
     complete: bool = True         # False: records of it were lost (or its END never came)
     start_ticks: int = 0          # the process's start, in /proc/PID/stat's starttime ticks
     execs: int = 0                # its execs since the watcher started (CrashCapture.execs)
+
+    def flag_notes(self) -> List[str]:
+        """What the capture could not take, as a report says it."""
+        f, out = self.flags, []
+        if f & CRF["LIGHT"]:
+            out.append(f"one of more than {V('CR_FULL_PER_UID_S')} crashes of user {self.uid} in a second: "
+                       "its user stack was not copied (native frames: the innermost only)")
+        if f & CRF["PART_LOST"]:
+            out.append("part of the capture did not fit in the perf buffer (a burst of crashes)")
+        if f & (CRF["CODE_CALL"] | CRF["OBJS_LEFT"]):
+            out.append("some code objects or other threads were left out (the capture's tail calls ran out)")
+        if f & CRF["OTHERS_READ"]:
+            out.append("the other threads' list could not be read: their Python frames are left out")
+        return out
 
 
 class CapturedMemory(WordReads):
@@ -167,7 +194,7 @@ class CrashCapture:
     """The watcher's BPF programs, loaded and attached (see the module's doc)."""
 
     def __init__(self, uid: Optional[int] = None, pids: Optional[Sequence[int]] = None,
-                 page_cnt: int = PAGE_CNT, cache_dir: Optional[str] = "default"):
+                 page_cnt: Optional[int] = None, cache_dir: Optional[str] = "default"):
         from . import bpfload, bpfsys
         task, self._reg_offs, regs_size, group_dead = _btf_offsets()
         if regs_size > V("CR_REGS_MAX"):
@@ -193,6 +220,8 @@ class CrashCapture:
             progs[ctypes.c_int(1)] = ctypes.c_int(self.bpf.funcs[b"crash_code"].fd)
             progs[ctypes.c_int(2)] = ctypes.c_int(self.bpf.funcs[b"crash_other"].fd)
             self.set_filter(uid, pids)
+            if page_cnt is None:
+                page_cnt = page_cnt_for(len(bpfsys.online_cpus()))
             self.bpf["events"].open_perf_buffer(self._on_record, page_cnt=page_cnt,
                                                 lost_cb=self._on_lost)
             self._page_cnt = page_cnt
@@ -306,7 +335,7 @@ class CrashCapture:
             pid=m.h.tgid, tid=m.h.tid, uid=m.uid, comm=bytes(m.comm).split(b"\0")[0].decode(errors="replace"),
             sig=m.sig, si_code=m.si_code, addr=m.addr, handler=m.handler, time_ns=m.h.id,
             thread=thread, others=others, memory=p.memory, flags=flags,
-            complete=p.end is not None and not p.lossy,
+            complete=p.end is not None and not p.lossy and not flags & CRF["PART_LOST"],
             start_ticks=m.start_ns // (1_000_000_000 // os.sysconf("SC_CLK_TCK")), execs=m.execs))
 
     def poll(self, timeout_s: float) -> List[CrashEvent]:
@@ -325,6 +354,33 @@ class CrashCapture:
                 break
         out, self._done = self._done, []
         return sorted(out, key=lambda e: e.time_ns)
+
+    # -- what became of the crash signals --------------------------------------------------------------
+    def tally(self) -> Dict[str, int]:
+        """Counts since the start (bpf/crashes.h CRT_*): seen, lost (no room
+        for its first record), rate (over its user's budget: not captured),
+        light (captured without its stack's copy)."""
+        t = self.bpf["tally"]
+        out = {}
+        for name in ("SEEN", "LOST", "RATE", "LIGHT"):
+            try:
+                out[name.lower()] = sum(int(v) for v in t.getvalue(t.Key(V("CRT_" + name))))
+            except (KeyError, OSError):
+                out[name.lower()] = 0
+        return out
+
+    def losses_by_uid(self) -> Dict[int, Tuple[int, int]]:
+        """uid -> (crashes over its budget, crashes with no room), all time
+        (the users that crashed lately: an LRU map of 1024)."""
+        out = {}
+        t = self.bpf["budgets"]
+        try:
+            for k, v in t.items():
+                if v.rate or v.lost:
+                    out[int(k.value)] = (int(v.rate), int(v.lost))
+        except OSError:
+            pass
+        return out
 
     # -- costs --------------------------------------------------------------------------------------
     def enable_stats(self) -> None:

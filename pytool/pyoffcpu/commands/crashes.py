@@ -33,14 +33,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..collect import bpfdefs
 from ..collect.platform import ProfilerError
 from ..targets import postmortem as PM
 from ..targets.processes import uid_of
 from ..targets.procfs import cmdline, comm, read_text
 from . import snapshot as S
 
+V = bpfdefs.value
+CRF = bpfdefs.with_prefix("CRF_")
 DEFAULT_DIR = "/var/lib/pyoffcpu/crashes"
 HANDLED_AFTER_S = 10.0          # a process that runs on this long after its handler ran: handled
+GONE_KEPT_S = 30.0              # what a scan knew of a process gone: kept for its late capture
 GONE_GRACE_S = 2.0              # a held capture of a process gone: its default delivery may still come
 EXTENSIONS = {"txt": ".crash.txt", "json": ".crash.json"}
 LINE_FRAMES = 4                 # native frames named on the journal line
@@ -107,6 +111,11 @@ def _code_sizes(pid: int) -> Optional[Tuple[int, int]]:
     return (sizes["VmExe"], sizes["VmLib"]) if len(sizes) == 2 else None
 
 
+LOST_RATE = f"over the budget of {V('CR_PER_UID_S')} captures a user a second (a storm)"
+LOST_BUFFER = "no room in the perf buffer (a burst of crashes)"
+LOST_FAILED = "its report failed"
+
+
 class Watcher:
     """The scan, the captures and the reports (run() below drives them)."""
 
@@ -120,6 +129,8 @@ class Watcher:
         self._ksyms = None
         self.crashes = 0
         self.held: Dict[int, tuple] = {}    # pid -> (capture, when): delivered to a handler
+        self.said: Dict[Tuple[str, int], int] = {}  # (reason, uid) -> crashes said to be lost so far
+        self.gone: Dict[int, tuple] = {}    # pid -> (Watched, when a scan found it gone)
 
     # -- which processes ------------------------------------------------------------------------
     def scan(self) -> None:
@@ -210,6 +221,20 @@ class Watcher:
         w = self.known.pop(pid, None)
         if w is not None and w.registered:
             self.cap.unregister(pid)
+        if w is not None:
+            # a crash read after the scan that found its process gone (a
+            # storm's captures wait in the buffer) still has its maps and
+            # interpreter; the capture's start and exec count tell a reused PID
+            now = time.monotonic()
+            self.gone = {p: g for p, g in self.gone.items() if now - g[1] < GONE_KEPT_S}
+            self.gone[pid] = (w, now)
+
+    def _watched(self, pid: int):
+        """What a scan knew of pid: watched now, or gone lately."""
+        w = self.known.get(pid)
+        if w is None and pid in self.gone:
+            w = self.gone[pid][0]
+        return w
 
     def _filter(self) -> None:
         """BPF captures only the watched processes (every one with -a and no
@@ -273,8 +298,41 @@ class Watcher:
                 self.log(f"process {pid}: {PM.signal_name(ev.sig)} handled by its own handler; "
                          "it runs on: no report")
 
+    # -- what was not reported -------------------------------------------------------------------------
+    def account(self) -> None:
+        """Crashes BPF saw and could not capture since the last look: said
+        (stdout) and kept in the index, by reason and user."""
+        try:
+            by_uid = self.cap.losses_by_uid()
+        except Exception as e:                          # noqa: BLE001 - counts are extra
+            self.log(f"the crash counts cannot be read: {e}")
+            return
+        for uid, (rate, lost) in sorted(by_uid.items()):
+            for reason, total in ((LOST_RATE, rate), (LOST_BUFFER, lost)):
+                new = total - self.said.get((reason, uid), 0)
+                if new > 0:
+                    self.said[(reason, uid)] = total
+                    self.count_lost(reason, new, uid)
+
+    def count_lost(self, reason: str, n: int, uid: Optional[int] = None) -> None:
+        who = f" of user {uid}" if uid is not None else ""
+        self.say(f"crash: {n} crash{'es' if n != 1 else ''}{who} not reported: {reason}")
+        try:
+            index = S.load_index(self.opts.dir)
+            lost = [r for r in index.get("not_reported", []) if isinstance(r, dict)]
+            if self.opts.keep_days is not None:
+                lost = [r for r in lost if r.get("time", 0) >= time.time() - self.opts.keep_days * 86400]
+            lost.append({"time": time.time(), "reason": reason, "uid": uid, "count": n})
+            index["not_reported"] = lost[-1000:]
+            S.save_index(self.opts.dir, index)
+        except (OSError, ProfilerError) as e:
+            self.log(f"the index cannot keep the count: {getattr(e, 'what', None) or e}")
+
     def _report(self, ev, notes: List[str]) -> Optional[dict]:
-        d = self.report(ev, notes)
+        try:
+            d = self.report(ev, notes)
+        except Exception as e:                          # noqa: BLE001 - one bad report never ends the watch
+            d = self._bare_report(ev, notes, e)
         entry = self._write(ev, d)
         self.crashes += 1
         return entry
@@ -282,7 +340,7 @@ class Watcher:
     def report(self, ev, notes: Optional[List[str]] = None):
         from ..collect.crashcapture import CapturedMemory
         from ..native.unwind.walk import snapshot_reader
-        w = self.known.get(ev.pid)
+        w = self._watched(ev.pid)
         notes = list(notes or [])
         if w is not None and (ev.start_ticks != int(w.ident[1]) or ev.execs != w.execs):
             # what the last scan saw under this PID is another image: its maps,
@@ -298,16 +356,15 @@ class Watcher:
         elif not fresh and time.monotonic() - w.maps_time > 0.5:
             notes.append("mappings as checked %.1f s before the crash (a library loaded after "
                          "that is not named)" % (time.monotonic() - w.checked))
-        if not ev.complete:
+        notes.extend(ev.flag_notes())
+        if not ev.complete and not ev.flags & CRF["PART_LOST"]:
             notes.append("part of the capture was lost (the perf buffer was full)")
         sp = ev.thread.regs.get("sp", 0)
         t = PM.DeadThread(ev.tid, ev.thread.regs, ev.comm,
                           stack_reader=snapshot_reader(sp, ev.thread.stack) if ev.thread.stack else None,
                           python=ev.thread.python, kernel=self._kernel_names(ev.thread.kernel))
         others = [PM.DeadThread(o.tid, o.regs, "", python=o.python) for o in ev.others]
-        fault = ev.si_code > 0 and ev.si_code != 0x80
-        sender = None if fault else ev.addr & 0xFFFFFFFF     # si_pid, where si_addr lies
-        fatal = PM.Fatal(ev.tid, ev.sig, ev.si_code, ev.addr if fault else None, sender)
+        fatal = _fatal(ev)
         pp = w.pp if w is not None and w.registered else None
         why = ""
         if w is not None and w.pp is not None and not w.registered:
@@ -321,6 +378,20 @@ class Watcher:
                      [t] + others, fatal, pp, native=True, notes=tuple(notes), python_note=why)
         if pp is not None:
             d.notes.extend(pp.notices)
+        d.fatal = fatal.as_dict()
+        return d
+
+    def _bare_report(self, ev, notes: List[str], e: Exception):
+        """What was captured of a crash whose report failed, and why."""
+        failure = PM.failure_text(e)
+        self.log(f"process {ev.pid}: its report could not be built in full: {failure}")
+        try:
+            kernel = self._kernel_names(ev.thread.kernel)
+        except Exception:                               # noqa: BLE001
+            kernel = [f"{a:#x}" for a in ev.thread.kernel]
+        fatal = _fatal(ev)
+        threads = [PM.DeadThread(ev.tid, ev.thread.regs, ev.comm, kernel=kernel)]
+        d = PM.bare(ev.pid, ev.comm, threads, fatal, failure, tuple(notes))
         d.fatal = fatal.as_dict()
         return d
 
@@ -364,7 +435,7 @@ class Watcher:
                 files[fmt] = {"path": rel, "bytes": len(raw), "inode": inode}
         except (OSError, ProfilerError) as e:
             errors.append(f"cannot write the report: {getattr(e, 'what', None) or e}")
-        w = self.known.get(ev.pid)
+        w = self._watched(ev.pid)
         entry = {"time": time.time(), "host": o.host, "pid": ev.pid, "name": d.name,
                  "cmdline": w.cmdline if w else "", "python": d.python, "mode": "crash",
                  "signal": d.fatal, "files": files, "notices": (d.notes + errors)[:10],
@@ -377,6 +448,13 @@ class Watcher:
             S.apply_retention(o.dir, index, o.keep_days, o.max_total_mb, time.time())
             S.save_index(o.dir, index)
         return entry
+
+
+def _fatal(ev) -> PM.Fatal:
+    """The signal of a capture: a fault's address, or who sent it."""
+    fault = ev.si_code > 0 and ev.si_code != 0x80
+    sender = None if fault else ev.addr & 0xFFFFFFFF     # si_pid, where si_addr lies
+    return PM.Fatal(ev.tid, ev.sig, ev.si_code, ev.addr if fault else None, sender)
 
 
 def _maps_now(pid: int, ident: tuple) -> Optional[list]:
@@ -467,8 +545,13 @@ def run(opts: CrashOptions, say: Callable[[str], None], log: Callable[..., None]
                 next_scan = start + opts.rescan_s      # the first scan was just made
                 while not stop:
                     for ev in cap.poll(0.5):
-                        w.handle(ev)
+                        try:
+                            w.handle(ev)
+                        except Exception as e:          # noqa: BLE001 - a crash's report, never the watch
+                            note(f"process {ev.pid}: its crash could not be reported: {PM.failure_text(e)}")
+                            w.count_lost(LOST_FAILED, 1, ev.uid)
                     w.expire()
+                    w.account()
                     if opts.count is not None and w.crashes >= opts.count:
                         break
                     now = time.monotonic()
@@ -510,6 +593,18 @@ def service_text(argv: List[str]) -> str:
     return ("# systemd: /etc/systemd/system/pyoffcpu-crashes.service\n" + systemd_unit(argv) +
             "\n# then: sudo systemctl daemon-reload && sudo systemctl enable --now pyoffcpu-crashes\n"
             "# one line per crash: journalctl -u pyoffcpu-crashes\n")
+
+
+def not_reported(directory: str) -> List[str]:
+    """The crashes the watcher could not report, totalled by reason and user."""
+    totals: Dict[Tuple[str, object], int] = {}
+    for r in S.load_index(directory).get("not_reported", []):
+        if isinstance(r, dict) and isinstance(r.get("count"), int) and isinstance(r.get("reason"), str):
+            key = (r["reason"], r.get("uid"))
+            totals[key] = totals.get(key, 0) + r["count"]
+    return [f"not reported: {n} crash{'es' if n != 1 else ''}"
+            f"{f' of user {uid}' if isinstance(uid, int) else ''}: {reason}"
+            for (reason, uid), n in sorted(totals.items(), key=lambda kv: -kv[1])]
 
 
 def entries(directory: str) -> List[Tuple[str, dict]]:

@@ -298,7 +298,7 @@ def frame_labels(m: _Moment, tid: int, python: Optional[tuple], native: Optional
     from ..collect.bpfdefs import PYS_TRUNCATED
     from ..collect.recording import NATIVE_ID_BASE, PyStack
     h = 0
-    if python:
+    if python and m.reader is not None:     # frames BPF walked, with no interpreter to name them: left out
         frames, truncated = python
         infos = [m.reader.code(c) for c, _, _ in frames]
         h = len(m.rec.pystacks) + 1

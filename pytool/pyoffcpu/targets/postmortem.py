@@ -166,11 +166,43 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
         if m.unwinder is not None and t.regs.get("sp"):
             native_pcs = m.unwinder.walk_registers(space, t.regs["ip"], t.regs["sp"], t.regs.get("bp"),
                                                    t.stack_reader or mem_u64, t.regs.get("bx"))
+        if frames and m.reader is None:
+            out.notes.append(f"thread {t.tid}: its Python frames were walked, but the interpreter "
+                             "they belong to is not known: left out")
         d.frames = D.frame_labels(m, t.tid, frames, native_pcs)
         out.threads.append(d)
     if m.unwinder is not None:
         m.unwinder.close()
     return out
+
+
+def bare(pid: int, comm: str, threads: List[DeadThread], fatal: Optional[Fatal], failure: str,
+         notes: Tuple[str, ...] = ()):
+    """The report of a dead process whose full build failed: what was
+    captured, unnamed (registers, the kernel's frames), and a note naming
+    what failed.  Touches nothing but its arguments: it cannot fail on the
+    process's memory, files or interpreter."""
+    from ..commands import dump as D
+    out = D.ProcessDump(pid, comm)
+    out.notes.extend(notes)
+    out.notes.append(f"the report could not be built in full ({failure}): what was captured follows")
+    for t in threads:
+        d = D.ThreadDump(t.tid, t.name, "R", "running", comm=t.name)
+        if fatal is not None and t.tid == fatal.tid:
+            d.state, d.state_text = "!", "took the fatal signal: " + fatal.text()
+        d.kernel = list(t.kernel)
+        if t.regs.get("ip"):
+            d.frames = [f"{t.regs['ip']:#x} (sp {t.regs.get('sp', 0):#x})"]
+        out.threads.append(d)
+    return out
+
+
+def failure_text(e: BaseException) -> str:
+    """An exception as a report's note names it: where it was raised, what."""
+    import traceback
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" in {os.path.basename(tb[-1].filename)}:{tb[-1].lineno} {tb[-1].name}" if tb else ""
+    return f"{type(e).__name__}: {e}{where}"[:300]
 
 
 def exe_path(files, auxv: Dict[int, int]) -> Optional[str]:
