@@ -1,40 +1,43 @@
-"""Native symbolization: process maps, ELF function symbols, kallsyms.
+"""Native symbolization: from a process's address to a function's name.
 
-Pieces, in the order a user address flows through them:
+The modules, in the order a user address flows through them:
 
-* ``read_maps`` / ``Mapping`` / ``AddressSpace``: which object file an
-  address of a process belongs to (snapshots are merged, so a process that
-  has exited can still be symbolized from what was seen of it).
-* ``ElfSymbols``: one ELF file's function symbols (from ``.symtab`` /
-  ``.dynsym``, or a separate debug file), its PT_LOAD segments and build-id.
-  The files themselves are read by ``elffile`` (``ElfCache``): once per
-  session, by file identity, for the symbolizer, the unwinder, and the
-  look-ups of data symbols alike.  The functions are looked up in the
-  file's index (``symindex``: built once by the compiled helper, cached on
-  disk, mapped), never decoded into a Python object per symbol; where no
-  symbol covers an address but an ``.eh_frame`` FDE does (a stripped
-  library's static functions), the FDE names it: ``libgomp.so.1@0x1de40``.
-* ``Symbolizer``: ties both together, caches per file, demangles C++ names
-  in the process (``demangle``: libstdc++'s ``__cxa_demangle``), and
-  resolves kernel addresses through ``KernelSymbols`` (``/proc/kallsyms``).
-* ``find_symbol_address`` / ``runtime_address``: locate a data symbol such as
-  ``_PyRuntime`` in a running process.
+* ``procmaps``: which object file an address of a process belongs to
+  (``read_maps`` / ``Mapping`` / ``AddressSpace``: snapshots are merged, so
+  a process that has exited can still be symbolized from what was seen of
+  it), its root directory, and ``runtime_address``.
+* here, ``ElfSymbols``: one ELF file's function symbols (from ``.symtab`` /
+  ``.dynsym``, or a separate debug file that ``debugfiles`` finds), its
+  PT_LOAD segments and build-id.  The files themselves are read by
+  ``elffile`` (``ElfCache``): once per session, by file identity, for the
+  symbolizer, the unwinder, and the look-ups of data symbols alike.  The
+  functions are looked up in the file's index (``symindex``: built once by
+  the compiled helper, cached on disk, mapped), never decoded into a Python
+  object per symbol; where no symbol covers an address but an ``.eh_frame``
+  FDE does (a stripped library's static functions), the FDE names it:
+  ``libgomp.so.1@0x1de40``.
+* here, ``Symbolizer``: ties them together, caches per file, demangles C++
+  names in the process (``demangle``: libstdc++'s ``__cxa_demangle``), and
+  resolves kernel addresses through ``kernelsyms.KernelSymbols``.
+* here, ``find_symbol_address``: a data symbol such as ``_PyRuntime``.
 
-Over 600 lines and one job: naming a user or kernel address, from the
-process's maps to the function's demangled name; each piece below is the
-next step of the one before.
+The names of procmaps, debugfiles and kernelsyms are importable from here
+too, as before they had modules of their own.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
-import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 from . import demangle as _demangle
 from . import symindex
+from .debugfiles import (DEBUG_DIRS_ENV, DEFAULT_DEBUG_DIRS, _debug_candidates,  # noqa: F401 (re-exported)
+                         _load_debug_image, build_id_debug_path, debug_dirs_from_env, safe_debuglink)
+from .kernelsyms import KernelSymbols
+from .procmaps import (AddressSpace, Mapping, code_and_file_lines, parse_maps,  # noqa: F401 (re-exported)
+                       path_in_root, read_maps, runtime_address, target_root)
 
 # ELF symbol types, bindings and special section indices are elffile's.
 from .elffile import (ADDRESS_TYPES as _ADDRESS_TYPES, FUNC_TYPES as _FUNC_TYPES, SHN_ABS,  # noqa: F401 (STT_* and SHN_* re-exported)
@@ -50,237 +53,8 @@ __all__ = [
     "target_root",
 ]
 
-DEFAULT_DEBUG_DIRS = ("/usr/lib/debug",)
-# Colon-separated directories searched for separate debug files instead of
-# DEFAULT_DEBUG_DIRS (each by build-id, ``D/.build-id/ab/cdef....debug``, and
-# by debuglink, ``D/<dir of the file>/<link>``); set but empty: none.
-DEBUG_DIRS_ENV = "PYOFFCPU_DEBUG_DIRS"
-
-
-def debug_dirs_from_env(environ=None) -> tuple[str, ...]:
-    """The debug directories: $PYOFFCPU_DEBUG_DIRS, else DEFAULT_DEBUG_DIRS.
-
-    Only absolute paths count (a relative one would depend on the current
-    directory of whoever runs the symbolizer); a missing directory simply
-    holds nothing."""
-    env = os.environ if environ is None else environ
-    raw = env.get(DEBUG_DIRS_ENV)
-    if raw is None:
-        return DEFAULT_DEBUG_DIRS
-    return tuple(d.rstrip("/") or "/" for d in raw.split(":")
-                 if d.startswith("/"))
-
-
-def build_id_debug_path(build_id: str, debug_dir: str = DEFAULT_DEBUG_DIRS[0]
-                        ) -> Optional[str]:
-    """Where a debug file is looked up by GNU build-id:
-    ``<debug_dir>/.build-id/<first byte>/<the rest>.debug``."""
-    if not build_id or len(build_id) <= 2:
-        return None
-    return os.path.join(debug_dir, ".build-id", build_id[:2],
-                        build_id[2:] + ".debug")
-
-
-def _under_root(root: Optional[str], path: str) -> str:
-    """``path`` as seen from inside ``root`` (None: our own root)."""
-    if not root:
-        return path
-    return os.path.join(root, path.lstrip("/"))
-
-
-def target_root(pid: int) -> Optional[str]:
-    """The root directory of a process that sees another file system root
-    than we do, None when it shares ours or is gone.
-
-    A chroot inside our tree is returned as the directory itself (it stays
-    valid once the process has exited); another mount namespace (a
-    container) as ``/proc/PID/root``."""
-    link = f"/proc/{pid}/root"
-    try:
-        theirs = os.stat(link)
-        ours = os.stat("/")
-    except OSError:
-        return None
-    other = (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino)
-    if not other:
-        try:
-            other = os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
-        except OSError:
-            other = False
-        if not other:
-            return None
-        return link     # the same directory, other mounts: only through /proc
-    try:
-        real = os.path.realpath(link)
-        st = os.stat(real)
-    except OSError:
-        return link
-    if real != "/" and (st.st_dev, st.st_ino) == (theirs.st_dev, theirs.st_ino):
-        return real
-    return link
-
-
-def path_in_root(path: str, root: Optional[str]) -> str:
-    """``path`` as a process with root directory ``root`` names it.  Our
-    /proc/PID/maps shows a chroot's files by our names (under the chroot
-    directory); a container's, whose root we cannot reach, by its own."""
-    if not root:
-        return path
-    try:
-        real = os.path.realpath(root)
-    except (OSError, ValueError):
-        return path
-    real = real.rstrip("/")
-    if real and path.startswith(real + "/"):
-        return path[len(real):]
-    return path
-
 _BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1, STB_LOCAL: 2}
 MAX_CODE_BYTES = 1 << 20        # a function's code read for analysis, at most
-
-
-# ---------------------------------------------------------------------------
-# /proc/PID/maps
-# ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Mapping:
-    """One line of /proc/PID/maps."""
-
-    start: int
-    end: int
-    offset: int
-    perms: str
-    path: str
-    inode: int
-    deleted: bool = False
-
-    @property
-    def is_file(self) -> bool:
-        """Backed by a file (not anonymous, not [heap]/[stack]/[vdso]...)."""
-        return self.inode != 0 and self.path.startswith("/")
-
-    @property
-    def is_jit(self) -> bool:
-        """Executable anonymous memory (or a memfd, which JIT runtimes map
-        twice, writable and executable): code made at run time."""
-        return "x" in self.perms and (
-            (not self.is_file and not self.path.startswith("[v")) or self.path.startswith("/memfd:"))
-
-    def file_offset(self, addr: int) -> int:
-        return addr - self.start + self.offset
-
-
-def parse_maps(text: str) -> list[Mapping]:
-    """Parse the contents of a /proc/PID/maps file."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        lo, _, hi = parts[0].partition("-")
-        path = parts[5] if len(parts) > 5 else ""
-        deleted = path.endswith(" (deleted)")
-        if deleted:
-            path = path[: -len(" (deleted)")]
-        out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16),
-                           parts[1], path, int(parts[4]), deleted))
-    return out
-
-
-# The lines of /proc/PID/maps that symbols and unwinding need: executable
-# ones (code made at run time too), read-only file mappings (an ELF file's
-# first mapping gives its load bias), [vdso]/[vsyscall].  The rest changes
-# with every allocation of a busy target and never holds a pc: the heap,
-# thread stacks, anonymous buffers, and writable file mappings (a torch
-# DataLoader hands every batch over in shared memory, a new mapping each).
-_CODE_OR_FILE = re.compile(
-    r"^[0-9a-f]+-[0-9a-f]+ (?:[r-][w-]x[ps-] [^\n]*|r-[-x][ps] \S+ \S+ [1-9][^\n]*|[^\n]*\[v[^\n]*)\n?",
-    re.M)
-
-
-def code_and_file_lines(text: str) -> str:
-    """The part of a /proc/PID/maps text that symbols and unwinding need
-    (_CODE_OR_FILE): stable while a target only allocates, so a snapshot
-    that did not change it is not parsed again, and an AddressSpace does not
-    keep every buffer a long recording saw come and go."""
-    return "".join(m.group(0) for m in _CODE_OR_FILE.finditer(text))
-
-
-def read_maps(pid: int) -> list[Mapping]:
-    """Mappings of a live process; raises OSError when it is gone."""
-    with open(f"/proc/{pid}/maps") as f:
-        return parse_maps(f.read())
-
-
-class AddressSpace:
-    """The mappings of one process, merged over successive snapshots.
-
-    A newer snapshot wins wherever it overlaps an older mapping; older
-    mappings that nothing newer covers are kept (e.g. a library that was
-    unloaded, or everything once the process has exited).
-    """
-
-    def __init__(self, pid: Optional[int] = None,
-                 maps: Optional[Iterable[Mapping]] = None):
-        self.pid = pid
-        self._maps: list[Mapping] = []
-        self._starts: list[int] = []
-        # The process's root when not ours (target_root), read with its
-        # first snapshot, while it is alive.
-        self.root: Optional[str] = None
-        self.root_known = False
-        if maps is not None:
-            self.add_snapshot(maps)
-
-    @classmethod
-    def of_process(cls, pid: int) -> "AddressSpace":
-        return cls(pid, read_maps(pid))
-
-    def refresh(self) -> bool:
-        """Merge a fresh snapshot of the process; False if it is gone."""
-        if self.pid is None:
-            return False
-        try:
-            self.add_snapshot(read_maps(self.pid))
-        except OSError:
-            return False
-        return True
-
-    def add_snapshot(self, maps: Iterable[Mapping]) -> None:
-        new = sorted(maps, key=lambda m: m.start)
-        if not self._maps:
-            merged = new
-        else:
-            new_starts = [m.start for m in new]
-            kept = [old for old in self._maps
-                    if not _overlaps_any(old, new, new_starts)]
-            merged = sorted(kept + new, key=lambda m: m.start)
-        self._maps = merged
-        self._starts = [m.start for m in merged]
-        if not self.root_known and self.pid is not None:
-            self.root = target_root(self.pid)
-            self.root_known = True
-
-    @property
-    def mappings(self) -> list[Mapping]:
-        return list(self._maps)
-
-    def find(self, addr: int) -> Optional[Mapping]:
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i >= 0:
-            m = self._maps[i]
-            if addr < m.end:
-                return m
-        return None
-
-    def __len__(self) -> int:
-        return len(self._maps)
-
-
-def _overlaps_any(m: Mapping, sorted_maps: list[Mapping],
-                  starts: list[int]) -> bool:
-    i = bisect.bisect_left(starts, m.end)  # first with start >= m.end
-    return i > 0 and sorted_maps[i - 1].end > m.start
 
 
 # ---------------------------------------------------------------------------
@@ -291,90 +65,6 @@ def _open_image(path: str, want_types: frozenset = _FUNC_TYPES,
     """The session's ElfFile of ``path`` (None: unreadable, not ELF), with
     its symbols when ``want_types`` asks for any."""
     return (cache if cache is not None else default_cache()).get(path, symbols=bool(want_types))
-
-
-def safe_debuglink(link: Optional[str]) -> bool:
-    """Is a .gnu_debuglink name one to look up?  The file names it: only a
-    plain file name is (no directory, no `..`, no control character), so
-    it can name nothing outside the debug directories it is joined to (an
-    absolute path or `../` would have made root open any path, a FIFO or a
-    device, outside the target's root too)."""
-    return bool(link) and "/" not in link and link not in (".", "..") and \
-        not any(ord(c) < 32 or c == "\x7f" for c in link)
-
-
-def _debug_candidates(path: str, image: ElfFile,
-                      debug_dirs: Sequence[str],
-                      orig_path: Optional[str] = None,
-                      root: Optional[str] = None) -> list[str]:
-    """Where a separate debug file for ``path`` may live, best first.
-
-    ``orig_path`` is the file's name in its process; ``root`` the process's
-    own root directory as we reach it (``/proc/PID/root``, or any directory
-    standing for it) when that is not ours: everything is looked up there
-    first (a container ships its own /usr/lib/debug), then on the host."""
-    out: list[str] = []
-    roots = [root, None] if root and os.path.normpath(root) != "/" else [None]
-    for r in roots:
-        logical = path_in_root(orig_path or path, r)
-        bid = image.build_id
-        for d in debug_dirs:
-            cand = build_id_debug_path(bid, d) if bid else None
-            if cand:
-                out.append(_under_root(r, cand))
-        link = image.debuglink
-        if not safe_debuglink(link):
-            continue
-        if r is None:
-            dirs = [os.path.dirname(path)]
-            if orig_path and os.path.dirname(orig_path) not in dirs:
-                dirs.append(os.path.dirname(orig_path))
-        else:
-            dirs = [_under_root(r, os.path.dirname(logical))]
-        for d in dirs:
-            out.append(os.path.join(d, link))
-            out.append(os.path.join(d, ".debug", link))
-        logical_dir = os.path.dirname(logical)
-        for d in debug_dirs:
-            out.append(_under_root(r, os.path.join(d, logical_dir.lstrip("/"), link)))
-    seen: set[str] = set()
-    return [c for c in out if not (c in seen or seen.add(c))]
-
-
-def _load_debug_image(path: str, image: ElfFile, debug_dirs: Sequence[str],
-                      orig_path: Optional[str] = None,
-                      want_types: frozenset = _FUNC_TYPES,
-                      root: Optional[str] = None,
-                      cache: Optional[ElfCache] = None,
-                      symbols: bool = True,
-                      ) -> tuple[Optional[str], Optional[ElfFile]]:
-    """The first candidate debug file (see ``_debug_candidates``) that has a
-    ``.symtab`` and, where both have one, the same build-id.  ``symbols``:
-    with its symbol tables decoded (False: headers only, for the function
-    index, which the helper reads from the file)."""
-    cache = cache if cache is not None else default_cache()
-    try:
-        own = os.stat(path)
-    except OSError:
-        own = None
-
-    def fits(dbg: ElfFile) -> bool:
-        return dbg.has_symtab and not dbg.symbols_failed and not (
-            image.build_id and dbg.build_id and dbg.build_id != image.build_id)
-
-    for cand in _debug_candidates(path, image, debug_dirs, orig_path, root):
-        try:
-            st = os.stat(cand)
-        except OSError:
-            continue
-        if own is not None and (st.st_dev, st.st_ino) == (own.st_dev,
-                                                          own.st_ino):
-            continue  # the debuglink names the file itself
-        dbg = cache.get(cand, symbols=fits if symbols else False)
-        if dbg is None or not fits(dbg):
-            continue
-        return cand, dbg
-    return None, None
 
 
 def _function_table(sources: Sequence[ElfFile]
@@ -592,98 +282,6 @@ def find_symbol_address(path: str, name: str,
         if dbg is not None:
             value = dbg.address_of(name)
     return value
-
-
-def _same_file(mapping: Mapping, path: str, real: str, st) -> bool:
-    """Is ``mapping`` of the file ``path`` (resolved: ``real``)?"""
-    if mapping.path in (path, real):
-        return True
-    # Another name of the same file: same inode and same file name.
-    return (st is not None and mapping.inode != 0
-            and mapping.inode == st.st_ino
-            and os.path.basename(mapping.path) == os.path.basename(real))
-
-
-def runtime_address(mappings: Iterable[Mapping], path: str, vaddr: int,
-                    elf_path: Optional[str] = None,
-                    cache: Optional[ElfCache] = None) -> int:
-    """Convert ``vaddr`` of object file ``path`` to an address in a process.
-
-    ``mappings`` are the process's maps; ``path`` is matched against their
-    paths (a symlink or another name of the same inode also matches).  The
-    ELF program headers are read from ``elf_path`` (default ``path``; pass
-    /proc/PID/root/... for a process in another mount namespace).  The
-    first mapping of the file (lowest address) gives the load bias.  Raises
-    LookupError when the file is not mapped."""
-    elf_path = elf_path or path
-    image = (cache if cache is not None else default_cache()).get(elf_path)
-    if image is None:
-        raise LookupError(f"cannot read ELF program headers of {elf_path}")
-    try:
-        st = os.stat(elf_path)
-    except OSError:
-        st = None
-    real = os.path.realpath(path)
-    for m in sorted(mappings, key=lambda m: m.start):
-        if not _same_file(m, path, real, st):
-            continue
-        bias = load_bias(m, image.segments)
-        if bias is not None:
-            return vaddr + bias
-    raise LookupError(f"{path} is not mapped in the given address space")
-
-
-# ---------------------------------------------------------------------------
-# Kernel symbols
-# ---------------------------------------------------------------------------
-class KernelSymbols:
-    """Text symbols of /proc/kallsyms, sorted for bisection."""
-
-    MAX_DISTANCE = 256 * 1024  # past this from the last symbol: unknown
-
-    def __init__(self, entries: Iterable[tuple[int, str, Optional[str]]]):
-        best: dict[int, tuple[str, Optional[str]]] = {}
-        for addr, name, module in entries:
-            if addr and addr not in best:
-                best[addr] = (name, module)
-        self._starts = sorted(best)
-        self._names = [best[a][0] for a in self._starts]
-        self._modules = [best[a][1] for a in self._starts]
-
-    @classmethod
-    def load(cls, path: str = "/proc/kallsyms") -> "KernelSymbols":
-        entries = []
-        with open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 3 or parts[1] not in "tTwW":
-                    continue
-                module = parts[3].strip("[]") if len(parts) > 3 else None
-                entries.append((int(parts[0], 16), parts[2], module))
-        return cls(entries)
-
-    def __len__(self) -> int:
-        return len(self._starts)
-
-    def _index(self, addr: int) -> int:
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i < 0 or addr - self._starts[i] > self.MAX_DISTANCE:
-            return -1
-        return i
-
-    def resolve(self, addr: int) -> Optional[str]:
-        i = self._index(addr)
-        return self._names[i] if i >= 0 else None
-
-    def module_of(self, addr: int) -> Optional[str]:
-        i = self._index(addr)
-        return self._modules[i] if i >= 0 else None
-
-    def address_of(self, name: str) -> Optional[int]:
-        for a, n in zip(self._starts, self._names):
-            if n == name:
-                return a
-        return None
 
 
 # ---------------------------------------------------------------------------
