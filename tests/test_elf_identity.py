@@ -12,8 +12,9 @@ import time
 import pytest
 
 from conftest import pyenv_python
-from pyoffcpu.native import elffile, symbols
-from pyoffcpu.native.elffile import ElfCache, LoadSegment, identify, load_bias
+from pyoffcpu.native import elfcache, elffile, fileidentity, symbols
+from pyoffcpu.native.elfcache import ElfCache
+from pyoffcpu.native.elffile import LoadSegment, identify, load_bias
 from pyoffcpu.native.symbols import Mapping, Symbolizer
 from pyoffcpu.native.unwind import loader, walk
 from pyoffcpu.native.unwind import table as T
@@ -202,7 +203,7 @@ def test_a_file_rewritten_in_place_with_its_old_size_and_mtime_is_a_new_entry(tm
     shutil.copyfile(built["big_a"], path)
     first = cache.get(path, symbols=True)
     assert cache.get(path) is first and cache.identifies == 2     # just written: read again
-    monkeypatch.setattr(elffile, "STAT_SETTLED_NS", 0)            # as if it were old
+    monkeypatch.setattr(elfcache, "STAT_SETTLED_NS", 0)            # as if it were old
     cache.get(path)
     for _ in range(5):
         assert cache.get(path) is first
@@ -242,7 +243,7 @@ def test_same_size_head_and_tail_with_other_symbols_is_another_file(built):
     is handed the other's names."""
     with open(built["big_a"], "rb") as fa, open(built["big_b"], "rb") as fb:
         a, b = fa.read(), fb.read()
-    span = elffile.IDENTITY_SPAN
+    span = fileidentity.IDENTITY_SPAN
     assert len(a) == len(b) and a[:span] == b[:span] and a[-span:] == b[-span:] and a != b
     cache = ElfCache()
     sym = Symbolizer(debug_dirs=[], elf_cache=cache)

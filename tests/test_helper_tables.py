@@ -14,7 +14,7 @@ import pytest
 
 from conftest import cached_venv, python_or_skip, torch_python
 from pyoffcpu.native import helper
-from pyoffcpu.native.elffile import ElfCache
+from pyoffcpu.native.elfcache import ElfCache
 from pyoffcpu.native.unwind import prologue
 from pyoffcpu.native.unwind import table as T
 from test_nocfi_bpf import (extensions, stripped)  # noqa: F401 - fixtures: nocfi.so built as that test builds it

@@ -16,7 +16,7 @@ import pytest
 from conftest import torch_python
 from pyoffcpu.native import demangle as D
 from pyoffcpu.native import helper, symindex
-from pyoffcpu.native.elffile import ElfCache
+from pyoffcpu.native.elfcache import ElfCache
 from pyoffcpu.native.symbols import AddressSpace, ElfSymbols, Mapping, Symbolizer, _function_table, demangle
 from pyoffcpu.native.unwind import ehframe
 

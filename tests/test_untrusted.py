@@ -55,7 +55,7 @@ def fifo_trap(nobody_dir):
 
 
 def test_a_fifo_is_refused_not_waited_on(tmp_path):
-    from pyoffcpu.native.elffile import ElfCache, open_regular_file
+    from pyoffcpu.native.elfcache import ElfCache, open_regular_file
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     start = time.monotonic()
@@ -380,7 +380,7 @@ def test_retention_deletes_only_the_files_it_wrote(tmp_path):
 def test_a_library_that_claims_libcs_build_id_never_gives_libc_its_table(tmp_path):
     """A user's small library whose build-id note says libc's: its table is
     built first into the cache; libc's table must still be libc's."""
-    from pyoffcpu.native.elffile import ElfCache
+    from pyoffcpu.native.elfcache import ElfCache
     from pyoffcpu.native.unwind import table as T
     libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
     cache = ElfCache()
@@ -407,7 +407,7 @@ def test_a_library_that_claims_libcs_build_id_never_gives_libc_its_names(tmp_pat
     identity (what parses and symbol indexes are shared and cached by) must
     differ, so that neither file is named from the other's symbols, in one
     session or through the identities kept on disk."""
-    from pyoffcpu.native.elffile import ElfCache, IdentityMemo
+    from pyoffcpu.native.elfcache import ElfCache, IdentityMemo
     from pyoffcpu.native.symbols import Symbolizer
     libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
     data = open(libc, "rb").read()
@@ -434,7 +434,7 @@ def test_the_identities_kept_on_disk_are_read_only_when_ours_and_sound(tmp_path)
     """IdentityMemo's file: a damaged, deep, huge or linked one is read as
     empty (every file hashed again); a directory others can write is not
     used."""
-    from pyoffcpu.native.elffile import ElfCache, IdentityMemo
+    from pyoffcpu.native.elfcache import ElfCache, IdentityMemo
     libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
     d = tmp_path / "memo"
     want = ElfCache().identity(libc)
@@ -463,7 +463,7 @@ def test_a_file_changed_within_a_clock_tick_is_not_cached_on_disk(tmp_path):
     apart only once their ctime is settled: a file written again in the tick
     of its last change keeps its ctime.  A fresh file's table is kept for
     this session, never on disk; a settled one's is."""
-    from pyoffcpu.native.elffile import STAT_SETTLED_NS
+    from pyoffcpu.native.elfcache import STAT_SETTLED_NS
     from pyoffcpu.native.unwind import table as T
     d = tmp_path / "cache"
     d.mkdir(mode=0o700)
@@ -556,7 +556,8 @@ def hwm_mib():
 SPARSE_READER = HWM + """
 import sys, time
 t0 = time.monotonic()
-from pyoffcpu.native.elffile import ElfCache, identify
+from pyoffcpu.native.elfcache import ElfCache
+from pyoffcpu.native.elffile import identify
 from pyoffcpu.native.unwind import table as T
 path = sys.argv[1]
 cache = ElfCache()

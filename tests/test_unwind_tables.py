@@ -378,7 +378,7 @@ def test_vdso_table_is_cached_on_disk_by_its_bytes(tmp_path):
     capstone) is made once, then read from the disk cache by later
     sessions; an image that differs by one byte is another entry, whatever
     build-id it claims."""
-    from pyoffcpu.native.elffile import ElfCache
+    from pyoffcpu.native.elfcache import ElfCache
     got = ElfCache().vdso()
     if got is None:
         pytest.skip("no vDSO mapped here")

@@ -24,7 +24,7 @@ def _check_files(core: C.Core, root: Optional[str], exe: Optional[str]
                  ) -> Tuple[Dict[str, Tuple[str, int]], List[str]]:
     """path as the core names it -> (our path, inode) for the files that
     match it; and the notes on the others."""
-    from ..native.elffile import default_cache
+    from ..native.elfcache import default_cache
     exe_core = PM.exe_path(core.files, core.auxv)
     ok: Dict[str, Tuple[str, int]] = {}
     changed, gone, unchecked = [], [], []
@@ -96,7 +96,8 @@ def _maps(core: C.Core, ok: Dict[str, Tuple[str, int]]):
 def _file_perms(path: str, offset: int) -> str:
     """A mapping's permissions as its file's PT_LOAD at that offset gives
     them (NT_FILE has none): `r-xp` for code, `r--p` otherwise."""
-    from ..native.elffile import PF_X, default_cache, segment_for_offset
+    from ..native.elfcache import default_cache
+    from ..native.elffile import PF_X, segment_for_offset
     elf = default_cache().get(path)
     seg = segment_for_offset(offset, elf.segments) if elf is not None else None
     return "r-xp" if seg is not None and seg.flags & PF_X else "r--p"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
-from ..native.elffile import open_regular_file
+from ..native.elfcache import open_regular_file
 from ..targets.procfs import read_text
 from ..targets.processes import start_ticks
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..native import symbols
-from ..native.elffile import _Headers, open_regular_file
+from ..native.elfcache import open_regular_file
+from ..native.elffile import _Headers
 from ..targets.memory import MemoryError_, ProcessMemory
 from . import walker
 from .asyncio_table import LAYOUTS

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..native import symbols
-from ..native.elffile import default_cache
+from ..native.elfcache import default_cache
 from ..targets.memory import MemoryError_, ProcessMemory
 from ..targets import libc
 from . import debug_offsets, livecheck, tls

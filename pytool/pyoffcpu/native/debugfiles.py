@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence
 
-from .elffile import FUNC_TYPES as _FUNC_TYPES, ElfCache, ElfFile, default_cache
+from .elfcache import ElfCache, default_cache
+from .elffile import FUNC_TYPES as _FUNC_TYPES, ElfFile
 from .procmaps import _under_root, path_in_root
 
 DEFAULT_DEBUG_DIRS = ("/usr/lib/debug",)

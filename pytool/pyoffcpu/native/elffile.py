@@ -6,8 +6,8 @@ extension modules), often under different names (containers, venvs, hard
 links), and a name can come to mean another file (a package upgrade).  So
 parsed files are kept by *file identity*, never by path:
 
-* ``identify``: the ``FileIdentity`` of an open file (or of bytes such as
-  the vDSO), read from a few KiB of it.
+* ``identify`` (fileidentity.py): the ``FileIdentity`` of an open file (or
+  of bytes such as the vDSO), read from a few KiB of it.
 * ``ElfFile``: what pyoffcpu reads out of one ELF file: type, PT_LOAD
   segments, build-id, ``.gnu_debuglink``, the section table (its headers
   read with struct, as pyelftools would read them, ~10x faster) and the
@@ -17,42 +17,30 @@ parsed files are kept by *file identity*, never by path:
   the function index.  The symbolizer's functions come from that index
   (``symindex``: built by the compiled helper from the file itself), not
   from decoded symbols.
-* ``ElfCache``: identity -> ElfFile, plus what is derived from parsed files
+* ``ElfCache`` (elfcache.py): identity -> ElfFile, plus what is derived from parsed files
   (function indexes) and the kernel's vDSO image, read once.
 * ``load_bias``: runtime address minus ELF virtual address in a mapping, the
   one computation the unwinder and the symbolizer share.
 
-One process runs one session, so ``default_cache()`` is that session's cache;
-whoever needs another (a test counting parses) builds an ``ElfCache`` and
-hands it to ``Symbolizer`` / ``NativeUnwinder``.
-
-Over 600 lines and one job: reading ELF files as pyelftools reads them
-(the same checks, names and failures, the compiled helper's contract),
-once per file identity.
+Here: reading ELF files as pyelftools reads them (the same checks, names
+and failures, the compiled helper's contract).
 """
 from __future__ import annotations
 
-import atexit
-import errno
-import hashlib
 import io
-import json
-import os
-import stat
 import struct
-import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from elftools.common.exceptions import ELFError
 from elftools.elf import enums as _enums
 from elftools.elf.elffile import ELFFile
 
-from .. import cachedir
+from .fileidentity import (_PT_LOAD, _SHT_DYNSYM, _SHT_NOBITS, _SHT_SYMTAB, MAX_SECTION_BYTES,
+                           MAX_SYMBOL_TABLE_BYTES, FileIdentity, identify)
 
 __all__ = [
-    "ElfCache", "ElfFile", "FileIdentity", "IdentityMemo", "LoadSegment", "RawSymbol",
-    "default_cache", "identify", "load_bias", "segment_for_offset",
+    "ElfFile", "FileIdentity", "LoadSegment", "RawSymbol", "identify", "load_bias", "segment_for_offset",
 ]
 
 # ELF symbol types / bindings / special section indices.
@@ -65,214 +53,11 @@ PAGE = 4096
 FUNC_TYPES = frozenset({STT_FUNC, STT_GNU_IFUNC})
 ADDRESS_TYPES = frozenset({STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC})
 
-IDENTITY_SPAN = 4096            # bytes of the head and of the tail in the identity
 
-# Raw ELF header fields, section and program header types.
-_SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
-_PT_LOAD, _PT_NOTE = 1, 4
-_NT_GNU_BUILD_ID = 3
-STAT_SETTLED_NS = 1_000_000_000        # see ElfCache._by_stat
+
+MAX_CODE_SECTION_BYTES = 1 << 30        # code read for prologue analysis
 _PARSE_ERRORS = (OSError, ELFError, ValueError, struct.error, AssertionError,
                  OverflowError, IndexError, KeyError, MemoryError)
-# What a file may make us read, at most (a file can claim any size, and a
-# sparse one costs its maker nothing): the largest real sections measured
-# (PyTorch 2.x: .strtab 74 MiB, .text 271 MiB, .symtab 12 MiB) are well below.
-MAX_NOTE_BYTES = 64 << 10               # notes searched for the build-id
-MAX_SYMBOL_TABLE_BYTES = 64 << 20       # .symtab / .dynsym: decoded into objects
-MAX_SECTION_BYTES = 256 << 20           # any other section read whole
-MAX_CODE_SECTION_BYTES = 1 << 30        # code read for prologue analysis
-_HASH_CHUNK = 4 << 20
-
-
-# ---------------------------------------------------------------------------
-# File identity
-# ---------------------------------------------------------------------------
-class FileIdentity(NamedTuple):
-    """What an ELF file is, whatever its path.
-
-    Why a hit on this key is the same file (the cache must never hand out
-    another file's symbols):
-
-    * ``digest`` covers, in every case, the size, the section and program
-      header tables wherever they are, and the first and last 4 KiB.
-    * a file without a build-id, or one that root did not write (owned by
-      another user, or writable by group or other): ``digest`` also covers
-      every byte that ``ElfFile`` reads (the symbol and string tables they
-      link to, the notes, the section names, the debuglink): two files
-      that agree on all of it parse to the same ElfFile, whatever else
-      differs.  The size and head/tail alone would not be exact: two builds
-      of a small program at the same path, renaming one function to a name
-      of the same length, differ only inside ``.strtab``; and a build-id is
-      a claim the file makes (a user's library can claim libc's).
-    * a file of root's with a GNU build-id: the build-id, which the linker
-      computes over the linked output (the convention that debuginfod,
-      perf and gdb rely on), and which only root could have put there.
-      Tools that rewrite a linked file keep its id (strip, objcopy
-      --only-keep-debug, dwz), and what they rewrite is the very tables
-      read here, but they drop, add or move whole sections, which changes
-      the header tables (and mostly the size): a stripped copy, its
-      original and its debug file are three entries.  (Hashing the symbol
-      tables of every file torch maps would add ~0.4 s to a cold start.)
-    * an in-memory image (the vDSO): ``digest`` covers all of its bytes.
-
-    Identities are kept by stat in this process and, through IdentityMemo,
-    on disk for the next run.
-    """
-
-    build_id: Optional[str]     # hex; None: the file has none
-    size: int
-    digest: str                 # hex, see above
-
-    @property
-    def kind(self) -> str:
-        """"build-id" or "hash": what names the file."""
-        return "build-id" if self.build_id else "hash"
-
-
-class _Source:
-    """Random access to an open file or to bytes, keeping the head and tail
-    read for the identity so that headers inside them cost no more reads."""
-
-    def __init__(self, fd: Optional[int] = None, data: Optional[bytes] = None):
-        self.fd, self.data = fd, data
-        if data is not None:
-            self.size = len(data)
-        else:
-            self.size = os.fstat(fd).st_size
-        self.head = self._pread(0, min(IDENTITY_SPAN, self.size))
-        tail_at = max(0, self.size - IDENTITY_SPAN)
-        self.tail_at = tail_at
-        self.tail = self.head[tail_at:] if tail_at < len(self.head) else \
-            self._pread(tail_at, self.size - tail_at)
-
-    def _pread(self, off: int, n: int) -> bytes:
-        if self.data is not None:
-            return self.data[off:off + n]
-        return os.pread(self.fd, n, off)
-
-    def read(self, off: int, n: int) -> bytes:
-        if off < 0 or n <= 0 or off >= self.size:
-            return b""
-        n = min(n, self.size - off)
-        if off + n <= len(self.head):
-            return self.head[off:off + n]
-        if off >= self.tail_at:
-            return self.tail[off - self.tail_at:off - self.tail_at + n]
-        return self._pread(off, n)
-
-
-def _notes_build_id(raw: bytes, fmt: str) -> Optional[str]:
-    """The NT_GNU_BUILD_ID desc (hex) of notes named "GNU" in ``raw``,
-    padded to 4 bytes as pyelftools and the ABI lay them out."""
-    pos = 0
-    while pos + 12 <= len(raw):
-        namesz, descsz, ntype = struct.unpack_from(fmt + "III", raw, pos)
-        pos += 12
-        name = raw[pos:pos + namesz].split(b"\0", 1)[0]
-        pos += (namesz + 3) & ~3
-        desc = raw[pos:pos + descsz]
-        pos += (descsz + 3) & ~3
-        if ntype == _NT_GNU_BUILD_ID and name == b"GNU":
-            return desc.hex() if len(desc) == descsz else None
-    return None
-
-
-def _identify(src: _Source, roots: bool = False) -> Optional[FileIdentity]:
-    """The identity of the ELF file in ``src``; None when it is not ELF.
-
-    Headers that make no sense only leave their part out (no build-id, no
-    tables): whether the file is usable is for pyelftools to say."""
-    head = src.head
-    if len(head) < 16 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) \
-            or head[5] not in (1, 2):
-        return None
-    e = "<" if head[5] == 1 else ">"
-    is64 = head[4] == 2
-    h = hashlib.blake2b(digest_size=16)
-    h.update(struct.pack("<Q", src.size))
-    h.update(head)
-    h.update(src.tail)
-    if src.data is not None:
-        h.update(src.data)          # in memory: all of it costs nothing
-    build_id = None
-    shdrs: List[tuple] = []
-    try:
-        if is64:
-            (_t, _m, _v, _entry, phoff, shoff, _f, _eh, phentsize, phnum,
-             shentsize, shnum, shstrndx) = struct.unpack_from(e + "HHIQQQIHHHHHH", head, 16)
-            sh_fmt, ph_fmt = e + "IIQQQQIIQQ", e + "IIQQQQQQ"
-        else:
-            (_t, _m, _v, _entry, phoff, shoff, _f, _eh, phentsize, phnum,
-             shentsize, shnum, shstrndx) = struct.unpack_from(e + "HHIIIIIHHHHHH", head, 16)
-            sh_fmt, ph_fmt = e + "IIIIIIIIII", e + "IIIIIIII"
-    except struct.error:
-        return FileIdentity(None, src.size, h.hexdigest())
-    if shoff and shentsize >= struct.calcsize(sh_fmt):
-        first = src.read(shoff, shentsize)
-        if len(first) == shentsize:
-            # Extended numbering: the real counts are in section 0 (sh_size:
-            # sections, sh_link: the names' section, sh_info: segments).
-            zero = struct.unpack_from(sh_fmt, first)
-            shnum = shnum or zero[5]
-            shstrndx = zero[6] if shstrndx == 0xFFFF else shstrndx
-            phnum = zero[7] if phnum == 0xFFFF else phnum
-        table = src.read(shoff, shentsize * min(shnum, 1 << 16))
-        h.update(table)
-        for i in range(len(table) // shentsize):
-            # name, type, flags, addr, offset, size, link, info, align, entsize
-            f = struct.unpack_from(sh_fmt, table, i * shentsize)
-            shdrs.append((f[0], f[1], f[4], f[5], f[6]))
-    phdrs = []
-    if phoff and phentsize >= struct.calcsize(ph_fmt):
-        table = src.read(phoff, phentsize * phnum)
-        h.update(table)
-        for i in range(len(table) // phentsize):
-            f = struct.unpack_from(ph_fmt, table, i * phentsize)
-            if is64:        # type, flags, offset, vaddr, paddr, filesz, memsz, align
-                phdrs.append((f[0], f[2], f[5]))
-            else:           # type, offset, vaddr, paddr, filesz, memsz, flags, align
-                phdrs.append((f[0], f[1], f[4]))
-    # The build-id as pyoffcpu has always read it: from the first note
-    # section that has one, else from the first PT_NOTE segment that has one.
-    for _name, stype, off, size, _link in shdrs:
-        if stype == _SHT_NOTE:
-            build_id = _notes_build_id(src.read(off, min(size, MAX_NOTE_BYTES)), e)
-            if build_id:
-                break
-    if not build_id:
-        for ptype, off, size in phdrs:
-            if ptype == _PT_NOTE:
-                build_id = _notes_build_id(src.read(off, min(size, MAX_NOTE_BYTES)), e)
-                if build_id:
-                    break
-    if build_id and roots:
-        return FileIdentity(build_id, src.size, h.hexdigest())
-    # The digest covers every section ElfFile reads (FileIdentity says why):
-    # the symbol tables and the string tables they link to, the notes,
-    # .shstrtab (the section names) and .gnu_debuglink.
-    h.update(b"sections")
-    wanted = {i for i, sh in enumerate(shdrs) if sh[1] in (_SHT_SYMTAB, _SHT_DYNSYM, _SHT_NOTE)}
-    wanted |= {shdrs[i][4] for i in list(wanted) if shdrs[i][1] != _SHT_NOTE}
-    if 0 < shstrndx < len(shdrs):
-        wanted.add(shstrndx)
-        names = src.read(shdrs[shstrndx][2], min(shdrs[shstrndx][3], MAX_SECTION_BYTES))
-        wanted |= {i for i, sh in enumerate(shdrs)
-                   if names[sh[0]:sh[0] + 15] == b".gnu_debuglink\0"}
-    for i in sorted(w for w in wanted if 0 <= w < len(shdrs)):
-        _name, stype, off, size, _link = shdrs[i]
-        h.update(struct.pack("<IQQ", i, off, size))
-        if stype != _SHT_NOBITS:
-            if size > (MAX_SYMBOL_TABLE_BYTES if stype in (_SHT_SYMTAB, _SHT_DYNSYM)
-                       else MAX_SECTION_BYTES):
-                raise ValueError("a section larger than pyoffcpu reads")
-            for at in range(off, off + min(size, max(0, src.size - off)), _HASH_CHUNK):
-                h.update(src.read(at, min(_HASH_CHUNK, off + size - at)))
-    return FileIdentity(build_id, src.size, h.hexdigest())
-
-
-def roots(st: os.stat_result) -> bool:
-    """Is this the stat of a file only root can have written?"""
-    return st.st_uid == 0 and not st.st_mode & 0o022
 
 
 def section_bytes(sec, limit: int = MAX_SECTION_BYTES) -> bytes:
@@ -282,18 +67,6 @@ def section_bytes(sec, limit: int = MAX_SECTION_BYTES) -> bytes:
     if sec.data_size > limit:
         raise ValueError(f"section {sec.name!r} of {sec.data_size} bytes: more than pyoffcpu reads")
     return sec.data()
-
-
-def identify(f) -> Optional[FileIdentity]:
-    """The FileIdentity of an open binary file (or file descriptor) or of
-    bytes; None when it is not an ELF file or cannot be read."""
-    try:
-        if isinstance(f, (bytes, bytearray, memoryview)):
-            return _identify(_Source(data=bytes(f)))
-        fd = f if isinstance(f, int) else f.fileno()
-        return _identify(_Source(fd=fd), roots(os.fstat(fd)))
-    except (OSError, ValueError, OverflowError, MemoryError):
-        return None
 
 
 # ---------------------------------------------------------------------------
@@ -711,301 +484,3 @@ def load_bias(mapping, segments: Iterable[LoadSegment]) -> Optional[int]:
     if seg is None:
         return None
     return mapping.start - (mapping.offset - seg.offset + seg.vaddr)
-
-
-# ---------------------------------------------------------------------------
-# The cache
-# ---------------------------------------------------------------------------
-SymbolsWanted = Union[bool, Callable[[ElfFile], bool]]
-
-
-def open_regular_file(path: str):
-    """The file at ``path``, open for reading, if it is a regular file.  A
-    target names the paths we read (its mappings, its debug links) and can
-    put a FIFO there: opened without blocking, then refused (OSError), it
-    never hangs root's profiler; a device is refused the same way, before
-    it is opened for reading (which may do something, for a device): the
-    path is first opened with O_PATH, which opens nothing, checked, then
-    reopened through that descriptor, the same file."""
-    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, f"{path}: not a regular file")
-        readable = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    finally:
-        os.close(fd)
-    try:
-        return os.fdopen(readable, "rb")
-    except BaseException:
-        os.close(readable)
-        raise
-
-
-class IdentityMemo:
-    """File identities that earlier runs computed, by stat: (device, inode,
-    size, mtime, ctime) of a file changed more than STAT_SETTLED_NS ago is
-    the same bytes (writing to a file gives it a new ctime, which no program
-    can set back), so its identity need not be hashed again; hashing torch's
-    symbol tables would cost each start ~0.35 s.  One JSON file in root's
-    cache directory, read once (at most MAX_BYTES), written back at exit
-    with what this run used and added: the MAX_ENTRIES most recent."""
-
-    FILE = "identities-v1.json"
-    MAX_ENTRIES = 16384
-    MAX_BYTES = 8 << 20
-
-    def __init__(self, directory: Optional[str]):
-        self.path = (os.path.join(directory, self.FILE)
-                     if directory is not None and cachedir.safe_dir(directory) else None)
-        self._known: Optional[Dict[tuple, FileIdentity]] = None
-        self._used: Dict[tuple, FileIdentity] = {}
-        self._pid = os.getpid()
-
-    def _read(self) -> Dict[tuple, FileIdentity]:
-        known: Dict[tuple, FileIdentity] = {}
-        if self.path is None:
-            return known
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as f:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    return known
-                data = f.read(self.MAX_BYTES + 1)
-            rows = json.loads(data) if len(data) <= self.MAX_BYTES else []
-        except (OSError, ValueError, RecursionError):
-            return known
-        for row in rows[-self.MAX_ENTRIES:] if isinstance(rows, list) else ():
-            if (isinstance(row, list) and len(row) == 8
-                    and all(type(v) is int and v >= 0 for v in row[:5] + row[6:7])
-                    and (row[5] is None or (isinstance(row[5], str) and len(row[5]) <= 128))
-                    and isinstance(row[7], str) and len(row[7]) == 32):
-                known[tuple(row[:5])] = FileIdentity(row[5], row[6], row[7])
-        return known
-
-    def get(self, key: tuple) -> Optional[FileIdentity]:
-        if self._known is None:
-            self._known = self._read()
-        ident = self._known.get(key)
-        if ident is not None:
-            self.put(key, ident)
-        return ident
-
-    def put(self, key: tuple, ident: FileIdentity) -> None:
-        if self.path is None:
-            return
-        if not self._used:
-            atexit.register(self.save)
-        self._used[key] = ident
-
-    def save(self) -> None:
-        """What this run used and found, after what the file holds now
-        (another run may have written it meanwhile)."""
-        if not self._used or self.path is None or os.getpid() != self._pid:
-            return
-        rows = {k: v for k, v in self._read().items() if k not in self._used}
-        rows.update(self._used)
-        out = [list(k) + [v.build_id, v.size, v.digest] for k, v in rows.items()][-self.MAX_ENTRIES:]
-        cachedir.write_private(self.path, json.dumps(out, separators=(",", ":")).encode())
-        self._used = {}
-
-
-class ElfCache:
-    """Parsed ELF files by FileIdentity: each parsed once however many
-    paths and processes lead to it.  Not thread-safe (one per session, used
-    from its thread)."""
-
-    def __init__(self, memo: Optional[IdentityMemo] = None):
-        self._files: Dict[FileIdentity, Optional[ElfFile]] = {}
-        self.memo = memo                # identities of earlier runs (None: hash every file)
-        self._derived: Dict[tuple, object] = {}
-        self._vdso: Optional[Tuple[bytes, ElfFile]] = None
-        self._vdso_read = False
-        # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of an open file
-        # -> its identity: a file whose bytes change gets a new ctime (which
-        # no program can set back), so the same stat is the same file.  Only
-        # files changed more than STAT_SETTLED_NS ago are kept: file times
-        # have a clock tick's grain, and a write in the tick of the last
-        # change would leave the ctime as it was.
-        self._by_stat: Dict[tuple, Optional[FileIdentity]] = {}
-        self.identifies = 0             # identities computed (files read)
-        self.parses = 0                 # ElfFile made (headers read)
-        self.symbol_loads = 0           # symbol tables decoded
-        self.vdso_reads = 0
-
-    def __len__(self) -> int:
-        return len(self._files)
-
-    def _identify_open(self, f) -> Optional[FileIdentity]:
-        """identify(f), read once per file as fstat tells files apart."""
-        try:
-            st = os.fstat(f.fileno())
-        except (OSError, ValueError):
-            return identify(f)
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if key in self._by_stat:
-            return self._by_stat[key]
-        settled = time.time_ns() - st.st_ctime_ns > STAT_SETTLED_NS
-        ident = self.memo.get(key) if settled and self.memo is not None else None
-        if ident is None:
-            self.identifies += 1
-            ident = identify(f)
-            if settled and ident is not None and self.memo is not None:
-                self.memo.put(key, ident)
-        if settled:
-            self._by_stat[key] = ident
-        return ident
-
-    def identity(self, path: str) -> Optional[FileIdentity]:
-        """The identity of the file at ``path`` now; None: not ELF, unreadable."""
-        try:
-            with open_regular_file(path) as f:
-                return self._identify_open(f)
-        except OSError:
-            return None
-
-    def get(self, path: str, symbols: SymbolsWanted = False) -> Optional[ElfFile]:
-        """The ElfFile of the file at ``path`` (None: unreadable, not ELF).
-
-        ``symbols``: have its symbol tables decoded too (a callable: when it
-        says so of the ElfFile).  The identity and everything read come from
-        one open file, so a path that is being replaced gives the old file
-        or the new one, never a mix."""
-        try:
-            f = open_regular_file(path)
-        except OSError:
-            return None
-        with f:
-            ident = self._identify_open(f)
-            if ident is None:
-                return None
-            return self._get(ident, f, symbols)
-
-    def from_bytes(self, data: bytes, symbols: bool = True) -> Optional[ElfFile]:
-        """The ElfFile of an in-memory image (the vDSO)."""
-        ident = identify(data)
-        if ident is None:
-            return None
-        return self._get(ident, io.BytesIO(data), symbols)
-
-    def _get(self, ident: FileIdentity, stream, symbols: SymbolsWanted) -> Optional[ElfFile]:
-        if ident in self._files:
-            elf = self._files[ident]
-        else:
-            try:
-                elf = ElfFile(ident, stream)
-            except _PARSE_ERRORS:
-                elf = None
-            self.parses += 1
-            self._files[ident] = elf
-        if elf is None:
-            return None
-        if not elf.symbols_loaded and (symbols(elf) if callable(symbols) else symbols):
-            try:
-                elf.load_symbols(stream)
-            except _PARSE_ERRORS:
-                elf._symtabs = {}
-                elf.symbols_failed = True
-            self.symbol_loads += 1
-        if elf.symbols_failed and (symbols(elf) if callable(symbols) else symbols):
-            return None                 # unreadable symbol tables: unusable for names
-        return elf
-
-    def derived(self, kind: str, sources: Tuple[FileIdentity, ...],
-                build: Callable[[], object]) -> object:
-        """What ``build`` makes of the files ``sources`` name, made once per
-        (kind, sources): e.g. one function table per file and debug file."""
-        key = (kind,) + tuple(sources)
-        if key not in self._derived:
-            self._derived[key] = build()
-        return self._derived[key]
-
-    def vdso(self) -> Optional[Tuple[bytes, ElfFile]]:
-        """(image, ElfFile) of the vDSO, read once from our own memory: the
-        kernel maps the same image into every process."""
-        if not self._vdso_read:
-            self._vdso_read = True
-            self.vdso_reads += 1
-            self._vdso = None
-            try:
-                with open("/proc/self/maps") as f:
-                    lines = [ln for ln in f if ln.rstrip().endswith("[vdso]")]
-                if lines:
-                    lo, _, hi = lines[0].split()[0].partition("-")
-                    start, end = int(lo, 16), int(hi, 16)
-                    with open("/proc/self/mem", "rb") as f:
-                        f.seek(start)
-                        data = f.read(end - start)
-                    elf = self.from_bytes(data, symbols=True)
-                    if elf is not None:
-                        self._vdso = (data, elf)
-            except (OSError, OverflowError, ValueError):
-                self._vdso = None
-        return self._vdso
-
-    # -- conveniences --------------------------------------------------------
-    def defined_symbols(self, path: str, names: Iterable[str]) -> Dict[str, int]:
-        """``ElfFile.defined`` of the file at ``path``; {} when unreadable."""
-        elf = self.get(path, symbols=True)
-        return elf.defined(names) if elf is not None else {}
-
-    def needed(self, path: str) -> List[str]:
-        """The DT_NEEDED libraries of the file at ``path`` ([]: none, not
-        ELF, unreadable), read once per file identity."""
-        try:
-            f = open_regular_file(path)
-        except OSError:
-            return []
-        with f:
-            ident = self._identify_open(f)
-            if ident is None:
-                return []
-            key = ("needed", ".dynamic", ident)
-            if key not in self._derived:
-                elf = self._get(ident, f, False)
-                self._derived[key] = elf.needed(f) if elf is not None else []
-            return self._derived[key]
-
-    def section_data(self, path: str, name: str) -> bytes:
-        """The bytes of the first section called ``name`` (b"": none, no
-        bytes in the file, unreadable), read from the file whose ElfFile
-        says where it is."""
-        return self.from_section(path, name, None, lambda data: data)
-
-    def from_section(self, path: str, name: str, kind: Optional[str],
-                     make: Callable[[bytes], object]) -> object:
-        """make(the bytes of section ``name`` of the file at ``path``); with a
-        kind, made once per file identity (the identity and the bytes come
-        from one open file, so the result is the file's it is kept for)."""
-        try:
-            f = open_regular_file(path)
-        except OSError:
-            return make(b"")
-        with f:
-            ident = self._identify_open(f)
-            key = (kind, name, ident)
-            if kind is not None and ident is not None and key in self._derived:
-                return self._derived[key]
-            elf = self._get(ident, f, False) if ident is not None else None
-            data = b""
-            idx = None if elf is None else next(
-                (i for i, s in enumerate(elf.sections) if s.name == name), None)
-            if idx is not None:
-                try:
-                    data = elf._section_data(f, idx)
-                except _PARSE_ERRORS:
-                    data = b""
-            got = make(data)
-            if kind is not None and ident is not None:
-                self._derived[key] = got
-            return got
-
-
-_DEFAULT: Optional[ElfCache] = None
-
-
-def default_cache() -> ElfCache:
-    """This process's (its session's) ElfCache."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = ElfCache(IdentityMemo(cachedir.cache_dir("elf")))
-    return _DEFAULT

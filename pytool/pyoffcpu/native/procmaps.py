@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from .elffile import ElfCache, default_cache, load_bias
+from .elfcache import ElfCache, default_cache
+from .elffile import load_bias
 
 
 def _under_root(root: Optional[str], path: str) -> str:

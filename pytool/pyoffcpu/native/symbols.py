@@ -42,8 +42,9 @@ from .procmaps import (AddressSpace, Mapping, code_and_file_lines, parse_maps,  
 # ELF symbol types, bindings and special section indices are elffile's.
 from .elffile import (ADDRESS_TYPES as _ADDRESS_TYPES, FUNC_TYPES as _FUNC_TYPES, SHN_ABS,  # noqa: F401 (STT_* and SHN_* re-exported)
                       SHN_LORESERVE, SHN_UNDEF, STB_GLOBAL, STB_LOCAL, STB_WEAK, STT_FUNC,
-                      STT_GNU_IFUNC, STT_NOTYPE, STT_OBJECT, STT_TLS, ElfCache, ElfFile,
-                      LoadSegment, default_cache, load_bias, segment_for_offset)
+                      STT_GNU_IFUNC, STT_NOTYPE, STT_OBJECT, STT_TLS, ElfFile,
+                      LoadSegment, load_bias, segment_for_offset)
+from .elfcache import ElfCache, default_cache
 
 __all__ = [
     "AddressSpace", "DEBUG_DIRS_ENV", "ElfSymbols", "KernelSymbols",
@@ -58,7 +59,7 @@ MAX_CODE_BYTES = 1 << 20        # a function's code read for analysis, at most
 
 
 # ---------------------------------------------------------------------------
-# ELF files (parsed once per session by elffile.ElfCache, by file identity)
+# ELF files (parsed once per session by elfcache.ElfCache, by file identity)
 # ---------------------------------------------------------------------------
 def _open_image(path: str, want_types: frozenset = _FUNC_TYPES,
                 cache: Optional[ElfCache] = None) -> Optional[ElfFile]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from ..native import symbols
-from ..native.elffile import default_cache
+from ..native.elfcache import default_cache
 from .memory import MemoryError_
 
 KEY_BLOCK = 32                  # PTHREAD_KEY_2NDLEVEL_SIZE: keys in specific_1stblock

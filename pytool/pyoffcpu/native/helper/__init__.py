@@ -90,7 +90,7 @@ def open_regular(path: str) -> int:
     """A read-only descriptor of the regular file at path (elffile's
     open_regular_file: a FIFO or a device there is refused before it is
     opened for reading).  Raises OSError."""
-    from ..elffile import open_regular_file
+    from ..elfcache import open_regular_file
     f = open_regular_file(path)
     try:
         return os.dup(f.fileno())

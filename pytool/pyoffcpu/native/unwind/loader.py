@@ -39,7 +39,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from ...collect import bpfdefs
 from .. import symbols
-from ..elffile import ElfCache, default_cache, load_bias
+from ..elfcache import ElfCache, default_cache
+from ..elffile import load_bias
 from ...collect.bpfdefs import (MAX_NATIVE_DEPTH, MAX_UNWIND_MAPS, NST_FRAMEPOINTER,  # noqa: F401
                                 NST_INCOMPLETE, NST_PENDING, NST_TRUNCATED, NST_UNMAPPED,
                                 UNWIND_FILE_PENDING)

@@ -478,7 +478,7 @@ def uncovered_functions(symbols: Iterable[Tuple[int, int]], covered: Sequence[Tu
 def function_symbols(path: str, elf_cache=None) -> List[Tuple[int, int]]:
     """(start, size) of the file's function symbols, from the session's
     ElfCache (parsed once, shared with the symbolizer)."""
-    from ..elffile import default_cache
+    from ..elfcache import default_cache
     ef = (elf_cache or default_cache()).get(path, symbols=True)
     if ef is None:
         return []

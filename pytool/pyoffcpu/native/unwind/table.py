@@ -30,7 +30,8 @@ from typing import Iterable, List, Optional, Tuple
 
 from ...collect import bpfdefs
 from ... import cachedir
-from ..elffile import STAT_SETTLED_NS, section_bytes
+from ..elfcache import STAT_SETTLED_NS
+from ..elffile import section_bytes
 from . import ehframe as E
 
 # the row kinds and limits BPF reads them with (bpf/unwind_defs.h)
