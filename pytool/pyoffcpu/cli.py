@@ -166,7 +166,7 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
             re.compile(match)
         except re.error as e:
             raise click.UsageError(f"--match: not a regular expression: {e}")
-    from .targets.processes import Select
+    from .targets.selection import Select
     filtered = Select(match, uid, python_only).filtered
     if filtered and not all_:
         raise click.UsageError("--match, --uid and --python-only select processes for -a")

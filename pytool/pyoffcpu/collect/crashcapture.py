@@ -255,7 +255,7 @@ class CrashCapture:
     def register_python(self, pid: int, pp) -> None:
         """Walk this process's Python frames at its crash (pp: its
         detect.PythonProcess), as the profiler registers a target."""
-        from ..targets.processes import fill_proc_info
+        from ..targets.procinfo import fill_proc_info
         lay = code_layout(pp)
         procs, layouts = self.bpf["procs"], self.bpf["layouts"]
         info = procs.Leaf()

@@ -14,7 +14,7 @@ from . import bpfdefs
 from ..cpython import detect
 from ..cpython.code import CodeInfo
 from ..native import symbols
-from ..targets.processes import Select
+from ..targets.selection import Select
 
 NATIVE_ID_BASE = 1 << 20            # rec.ustacks ids of .eh_frame-walked stacks (bcc's are smaller)
 UNSAMPLED = bpfdefs.value("USTACK_UNSAMPLED")  # ustack id: on-CPU time no sample landed in

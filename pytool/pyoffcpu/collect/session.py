@@ -40,7 +40,8 @@ from .preexisting import BlockedThreads
 from .recording import LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Recording, accumulate
 from ..native import symbols
 from ..native.unwind import loader as unwind_loader
-from ..targets.processes import Select, Targets
+from ..targets.processes import Targets
+from ..targets.selection import Select
 from ..targets.procfs import rss_kib
 
 # memo_stats' slots (bpf/unwind.h): how each switch-out's native stack was found

@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..collect import bpfdefs
 from ..collect.platform import ProfilerError
 from ..targets import postmortem as PM
-from ..targets.processes import uid_of
+from ..targets.procfs import uid_of
 from ..targets.procfs import cmdline, comm, read_text
 from . import snapshot as S
 

@@ -22,24 +22,24 @@ keeps them true while the recording runs:
 The session owns BPF (compile, attach, drain) and the accounting; it asks
 this stage for the targets and tells it when to look again (poll).
 
-Over 600 lines and one job: a target's life; every event (found, exec,
-fork, exit, registered) changes the same state of the same Target.
+Its registration record is procinfo.py's, the -a selection selection.py's.
 """
 from __future__ import annotations
 
 import ctypes
 import os
-import re
 import struct
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional
 
 from ..collect import bpfdefs
 from ..native import symbols
 from ..cpython import detect
 from ..cpython.code import CodeReader
 from .memory import MemoryError_, ProcessMemory
-from .procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, stat_fields
+from .procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, start_ticks
+from .procinfo import fill_proc_info
+from .selection import Select
 
 SNAPSHOT_S = 0.5                # maps and comm of every target read again, at first ...
 SNAPSHOT_MAX_S = 4.0            # ... then twice as long after each look that found no change
@@ -49,94 +49,6 @@ RETRY_FIRST_S = 0.005           # ... looked for again after 5 ms, then half the
 RETRY_MAX_S = 0.1               # (at most 100 ms): found within 1.5 times its start-up
 MISSED_S = 0.2                  # BPF met an unknown pc: maps read again at most this often
 SAMPLED_S = 0.25                # -a: processes with samples and no entry (most come by the life log)
-
-
-def start_ticks(pid: int) -> int:
-    """When a process started (clock ticks after boot, /proc/PID/stat field
-    22): a PID and this name one process, however often the PID is reused.
-    0 when it is gone (or a zombie: it has ended)."""
-    fields = stat_fields(f"/proc/{pid}/stat")
-    if len(fields) <= 19 or fields[0] in ("Z", "X") or not fields[19].isdigit():
-        return 0
-    return int(fields[19])
-
-
-def uid_of(pid: int) -> Optional[int]:
-    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
-    return None
-
-
-def gc_flag(py: detect.PythonProcess) -> Tuple[int, int]:
-    """(gc_flag, gc_collecting) of struct proc_info: where BPF reads whether
-    the cyclic collector runs; (0, -1): not read (a layout not measured)."""
-    from ..cpython.object_table import LAYOUTS
-    lay = LAYOUTS.get(py.minor)
-    if lay is None or py.free_threaded or lay.get("gc_collecting", -1) < 0:
-        return 0, -1
-    if lay["gc_base"] == "runtime":
-        return py.runtime + lay["gc_collecting"], -1
-    return 0, lay["gc_collecting"]
-
-
-def fill_proc_info(info, py: Optional[detect.PythonProcess], epoch: int,
-                   gil: Optional[detect.GilLayout] = None) -> None:
-    """info (a struct proc_info, bpf/pyoffcpu.h, as ctypes) for a process
-    whose interpreter is py (None, or its thread state not found: native
-    stacks only); gil: where BPF reads its GIL state (None: it does not).
-    The profiler's registrations and the crash watcher's (collect/crashcapture.py)."""
-    for name, t in info._fields_:
-        if t is ctypes.c_int:
-            setattr(info, name, -1)     # the ints: offsets, -1 none
-    info.walker = bpfdefs.WALK_NONE
-    info.epoch = epoch
-    info.gil_addr = 0
-    info.tstate_tls = 0
-    info.gc_flag = 0
-    if py is None or not py.tstate_found:
-        return
-    o = py.offsets
-    info.walker = detect.walker_kind(py.minor)
-    info.tss_key = py.tss_key
-    info.tstate_tls = py.tstate_tls if py.tstate_tls is not None else 0
-    info.pthread_specific = py.thread_layout.specific_1stblock
-    for name in ("tstate_frame", "tstate_cframe", "cframe_current_frame",
-                 "tstate_current_frame", "frame_back", "frame_code", "frame_lasti",
-                 "iframe_code", "iframe_previous", "iframe_instr", "iframe_is_entry",
-                 "iframe_owner", "code_code_adaptive"):
-        setattr(info, name, o[name])
-    if gil is not None:
-        info.tstate_interp = o["tstate_interp"]
-        info.interp_ceval_gil = gil.interp_ceval_gil
-        info.gil_holder = gil.holder
-        info.gil_addr = gil.addr
-        info.gc_flag, info.gc_collecting = gc_flag(py)
-
-
-class Select:
-    """Which processes -a takes: --match (a regex searched in the command
-    line), --uid, --python-only; none given: every process."""
-
-    def __init__(self, match: Optional[str] = None, uid: Optional[int] = None,
-                 python_only: bool = False):
-        self.pattern = re.compile(match) if match is not None else None
-        self.uid = uid
-        self.python_only = python_only
-
-    @property
-    def filtered(self) -> bool:
-        return self.pattern is not None or self.uid is not None or self.python_only
-
-    def wants(self, pid: int) -> bool:
-        """By what /proc says now (--python-only is decided by detection)."""
-        if self.uid is not None and uid_of(pid) != self.uid:
-            return False
-        if self.pattern is not None:
-            cmd = cmdline(pid)
-            if not cmd or not self.pattern.search(cmd):
-                return False
-        return True
 
 
 class Target:

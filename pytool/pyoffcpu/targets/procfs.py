@@ -111,3 +111,20 @@ def rss_kib() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def start_ticks(pid: int) -> int:
+    """When a process started (clock ticks after boot, /proc/PID/stat field
+    22): a PID and this name one process, however often the PID is reused.
+    0 when it is gone (or a zombie: it has ended)."""
+    fields = stat_fields(f"/proc/{pid}/stat")
+    if len(fields) <= 19 or fields[0] in ("Z", "X") or not fields[19].isdigit():
+        return 0
+    return int(fields[19])
+
+
+def uid_of(pid: int) -> Optional[int]:
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
