@@ -41,8 +41,8 @@ def bpf_snapshot():
 @pytest.fixture
 def frozen_sources(monkeypatch):
     """In-process sessions compile the snapshot of bpf/."""
-    from pyoffcpu.collect import session
-    monkeypatch.setattr(session, "BPF_DIR", bpf_snapshot())
+    from pyoffcpu.collect import sessionsetup as setup
+    monkeypatch.setattr(setup, "BPF_DIR", bpf_snapshot())
 
 
 @pytest.fixture
@@ -198,7 +198,7 @@ def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sour
     """In-process, with the real programs: one compile per distinct source
     and flags; the same ones again are served from the cache."""
     from pyoffcpu.collect import platform as plat
-    from pyoffcpu.collect import session
+    from pyoffcpu.collect import sessionsetup as setup
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path))
     p = plat.probe()
 
@@ -207,10 +207,10 @@ def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sour
             return s.bpf.from_cache
     assert start() is False and len(compiles) == 1
     assert start() is True and len(compiles) == 1
-    source = session.bpf_source
-    monkeypatch.setattr(session, "bpf_source", lambda path: source(path) + "\n/* changed */\n")
+    source = setup.bpf_source
+    monkeypatch.setattr(setup, "bpf_source", lambda path: source(path) + "\n/* changed */\n")
     assert start() is False and len(compiles) == 2
-    monkeypatch.setattr(session, "bpf_source", source)
+    monkeypatch.setattr(setup, "bpf_source", source)
     assert start() is True and len(compiles) == 2
     assert start(frequency=97) is False and len(compiles) == 3     # -DSAMPLE_PERIOD_NS
     assert start(kernel=True) is False and len(compiles) == 4       # -DKERNEL_STACKS
@@ -382,7 +382,7 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
     map's size is not part of the programs.  Kernel stacks are kept only
     with --kernel."""
     from pyoffcpu.collect import platform as plat
-    from pyoffcpu.collect import session
+    from pyoffcpu.collect import sessionsetup as setup
     shutil.copytree(recordings["cache"], tmp_path / "cache")
     monkeypatch.setenv("PYOFFCPU_CACHE_DIR", str(tmp_path / "cache"))
     p = plat.probe()
@@ -395,7 +395,7 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
                 assert s.bpf[name].max_entries == info[3]
                 got[name] = info[3]
             return got
-    tables = session.unwind_loader.tables_on(session.unwind_loader.cflags(plat.BTF_PATH))
+    tables = setup.unwind_loader.tables_on(setup.unwind_loader.cflags(plat.BTF_PATH))
     assert sizes() == {"kstacks": 1, "ustacks": 4096 if tables else 32768, "threads": 16384,
                        "offcpu_start": 16384, "pystack_seen": 32768, "agg": 65536}
     assert compiles == []               # the recordings' entry, with other map sizes

@@ -16,8 +16,8 @@ splits over stacks (ThreadAccounts.scale_on_cpu).  What the maps hold is read
 with maps.py; the waits open at the start and at the end are preexisting.py's;
 a command after -- is launch.py's.
 
-Over 600 lines and one job: the loop of one recording, from compile to
-the end mark; what it hands off has a module each (named below).
+Its setup (compile, attach, register) is sessionsetup.py's; what it hands off
+has a module each (named below).
 """
 from __future__ import annotations
 
@@ -31,17 +31,17 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 from . import bpfdefs
 from .accounting import ThreadAccounts
-from .bpfdefs import BPF_DIR, GROUP_TID
+from .bpfdefs import GROUP_TID
 from .launch import Launcher
 from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, WAKE_KEY_FIELDS,
-                   bpf_source, delete_all, fdinfo, items, map_sizes, pystack_type, take_generation, walk_stack)
-from .platform import DOCTOR, Platform, ProfilerError
+                   delete_all, fdinfo, items, pystack_type, take_generation, walk_stack)
+from .platform import Platform
 from .preexisting import BlockedThreads
+from .sessionsetup import SessionSetup
 from .recording import LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Recording, accumulate
 from ..native import symbols
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Targets
-from ..targets.selection import Select
 from ..targets.procfs import rss_kib
 
 # memo_stats' slots (bpf/unwind.h): how each switch-out's native stack was found
@@ -54,7 +54,7 @@ GRACE_S = 0.003                     # a BPF program runs for microseconds: after
                                     # control.gen (or the end mark) none still uses the old value
 
 
-class Session:
+class Session(SessionSetup):
     """One recording: compile and attach the BPF programs, register the
     targets, drain the maps once a second into a Recording, and end it (see
     the module's doc).  Its helpers, each a module of its own: ThreadAccounts
@@ -101,264 +101,6 @@ class Session:
         self._rseq_attached = False                  # rseq_capture takes the waits' owed stacks
 
     # -- set up -------------------------------------------------------------
-    def _compile(self):
-        from . import bpfload, bpfsys  # from the cache without clang; bcc (slow, maps LLVM) on a miss
-        o = self.opts
-        p = self.platform
-        cflags = [
-            f"-I{BPF_DIR}",
-            f"-DTASK_FSBASE_OFF={p.task_fsbase_offset}",
-            f"-DTASK_PID_OFF={p.task_pid_offset}",
-            f"-DTASK_TGID_OFF={p.task_tgid_offset}",
-            f"-DTASK_EXEC_OFF={p.task_exec_offset}",
-            f"-DEXIT_GROUP_DEAD={int(p.exit_group_dead)}",
-            f"-DTASK_RSEQ_OFF={p.task_rseq_offset}",
-            f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
-            f"-DKERNEL_STACKS={1 if o.kernel else 0}",
-            f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
-            f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
-            f"-DASYNC_TASKS={int(o.async_tasks)}",
-            # tests: every switch memo hit walked all the same and compared (bpf/unwind.h)
-            f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
-        ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX", "AX"), p.pt_regs_offsets)]
-        from .platform import BTF_PATH
-        self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
-        cflags += self._unwind_cflags
-        # only what the mode runs (no sched_switch in cpu mode, no perf event in
-        # off mode), all verified at once; the unwinder's may fail (_attach)
-        sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
-        try:
-            self.bpf = bpfload.load(bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), cflags,
-                                    sizes=map_sizes(o, tables=unwind_loader.tables_on(self._unwind_cflags)),
-                                    skip=() if switches else ("sched_switch",),
-                                    preload=([("on_cpu_sample", bpfsys.PERF_EVENT)] if sampled else [])
-                                    + [(fn, bpfsys.RAW_TRACEPOINT) for fn in self._wake_programs()],
-                                    optional=unwind_loader.program_specs(sampled, switches,
-                                                                         bool(self._wake_programs()))
-                                    + ([("rseq_capture", bpfsys.RAW_TRACEPOINT)] if self._waits_sampled() else []),
-                                    notices=self.rec.notices,
-                                    meanwhile=self._head_start if not o.command else None)
-        except Exception as e:
-            raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
-                                DOCTOR)
-        self._control = self.bpf["control"]
-
-    def _head_start(self, prog):
-        """While the kernel verifies the programs (their maps exist, none
-        runs yet): the targets registered (_register), so that the recording
-        starts sooner — a torch process maps ~90 files, and the verifier
-        takes half a second on a busy machine.  What fails here is done
-        again, the usual way, once the programs are loaded."""
-        try:
-            self._register(prog)
-        except Exception:               # noqa: BLE001 - again after the load, errors and all
-            if self.unwinder is not None:
-                self.unwinder.close()
-            self.targets = self.unwinder = None
-
-    def _waits_sampled(self) -> bool:
-        """Are waits' stacks owed by threshold sampling (--off-cpu sampled,
-        the default, or PYOFFCPU_OFFCPU=shadow), taken by rseq_capture?"""
-        return self.opts.mode in ("wall", "off") and self.opts.offcpu in ("sampled", "shadow")
-
-    def _offcpu_mode(self) -> int:
-        """control.offcpu (bpf/pyoffcpu.h: OFFCPU_*), once _attach knows
-        whether rseq_capture is attached."""
-        if not self._rseq_attached:
-            return bpfdefs.value("OFFCPU_EXACT")
-        return bpfdefs.value("OFFCPU_SHADOW" if self.opts.offcpu == "shadow" else "OFFCPU_SAMPLED")
-
-    def _fold_mode(self) -> int:
-        """control.fold: the kernel folds the threads born and ended in the
-        recording (bpf: fold_exit) unless --keep-tids, in cpu mode (no
-        switches: no thread's end) and with --wakers (a wait's wakers are
-        kept per thread).  PYOFFCPU_FOLD=0: user space folds them all;
-        PYOFFCPU_FOLD=shadow (tests): both, the kernel's kept apart."""
-        o = self.opts
-        env = os.environ.get("PYOFFCPU_FOLD", "1")
-        if env == "0" or not o.fold_threads or o.mode == "cpu" or self._wake_programs():
-            return 0
-        mode = bpfdefs.FOLD_WALL if o.mode == "wall" else bpfdefs.FOLD_OFFCPU
-        return mode | (bpfdefs.FOLD_SHADOW if env == "shadow" else 0)
-
-    def _start_fold(self):
-        """The fold program verified in the background, once a target has
-        started a thread during the recording (its three loops take the
-        verifier ~0.8 s of CPU here, longer than every other program: the
-        start does not wait for it, and a target that starts no thread never
-        shares a CPU with it); _fold_ready turns it on.  Until then, ended
-        threads fold here, the same way."""
-        if self._fold_started:
-            return
-        self._fold_started = True       # asked once: a server starts a thread per request
-        if not self._fold_mode():
-            return
-        from .bpfsys import RAW_TRACEPOINT
-
-        def load():
-            try:
-                self._fold_fd = self.bpf.load_func(b"fold_exit", RAW_TRACEPOINT).fd
-            except Exception as e:      # noqa: BLE001 - user space folds them, as before
-                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-                self.rec.notices.append(f"ended threads folded by pyoffcpu, not the kernel ({msg})")
-        self._fold_loader = threading.Thread(target=load, name="pyoffcpu-fold", daemon=True)
-        self._fold_loader.start()
-
-    def _fold_ready(self):
-        """In the recording loop, once the fold program is verified: into its
-        tail-call slot, the Python stacks read so far classified for it, then
-        control.fold on; from then on the threads born hold their keys for
-        it (those born before fold here, as with it off)."""
-        if self._fold_loader is None or self._fold_loader.is_alive():
-            return
-        self._fold_loader = None
-        if self._fold_fd is None:
-            return
-        self.bpf["fold_progs"][ctypes.c_int(0)] = ctypes.c_int(self._fold_fd)
-        table = self.bpf["stack_class"]
-        self._stack_class_key = table.Key
-        self._stack_class_values = (table.Leaf(bpfdefs.value("STACK_ENTRY")),
-                                    table.Leaf(bpfdefs.value("STACK_NO_ENTRY")))
-        mode = self._fold_mode()
-        self.accounts.kernel_fold = mode
-        for pyhash, st in list(self.rec.pystacks.items()):
-            if st.infos:
-                self._classify_stack(pyhash)
-        self._write_control(fold=mode)
-
-    def _classify_stack(self, pyhash: int):
-        """Whether a Python stack names an entry function, for the kernel's
-        fold to pick a thread's group as ThreadAccounts.fold does."""
-        cls = self._stack_class_values[self.accounts.stack_entry(pyhash) is None]
-        try:
-            self.bpf["stack_class"][self._stack_class_key(pyhash)] = cls
-        except Exception:               # noqa: BLE001 - full: those threads fold here
-            pass
-
-    # --wakers: the interrupt-context tracepoints, exits first (see bpf: wake_irq_enter)
-    WAKE_ATTACH = (("irq_handler_exit", "wake_irq_leave"), ("softirq_exit", "wake_irq_leave"),
-                   ("hrtimer_expire_exit", "wake_timer_leave"),
-                   ("irq_handler_entry", "wake_irq_enter"), ("softirq_entry", "wake_irq_enter"),
-                   ("hrtimer_expire_entry", "wake_timer_enter"))
-
-    def _wake_programs(self) -> List[str]:
-        if not (self.opts.wakers and self.opts.mode in ("wall", "off")):
-            return []
-        return sorted({fn for _, fn in self.WAKE_ATTACH})
-
-    def _attach(self):
-        from .bpfsys import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE
-        o = self.opts
-        try:
-            if o.mode in ("wall", "cpu"):
-                self.bpf.attach_perf_event(ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK,
-                                           fn_name=b"on_cpu_sample",
-                                           sample_period=int(1e9 // o.frequency), cpu=-1)
-            # the raw tracepoints are attached at load (raw_tracepoint__*; in cpu
-            # mode not sched_switch); --wakers' interrupt ones here, in order
-            if self._wake_programs():
-                for tp, fn in self.WAKE_ATTACH:
-                    self.bpf.attach_raw_tracepoint(tp=tp, fn_name=fn)
-        except Exception as e:
-            raise ProfilerError(f"cannot attach BPF: {e}", DOCTOR)
-        if self._waits_sampled():
-            # the waits' stacks, owed at their switch-in, taken on the thread's
-            # way back to user space; without it, at every switch-out
-            try:
-                if self.platform.task_rseq_offset < 0:
-                    raise ValueError("this kernel's BTF has no task_struct.rseq")
-                self.bpf.attach_raw_tracepoint(tp="rseq_update", fn_name="rseq_capture")
-                self._rseq_attached = True
-            except Exception as e:      # noqa: BLE001 - exact, and said so
-                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-                self.rec.notices.append(f"off-CPU stacks taken at every switch, as --off-cpu exact ({msg})")
-        self.rec.offcpu = ("exact" if not self._rseq_attached else self.opts.offcpu)
-        self.accounts.shadow_waits = self.rec.offcpu == "shadow"
-        self._write_control(offcpu=self._offcpu_mode())
-        self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
-                                                     lost_cb=self._on_lost)
-        # tests: the threads folded here before the kernel's fold is on are in its view too
-        self.accounts.fold_shadow = bool(self._fold_mode() & bpfdefs.FOLD_SHADOW)
-        # The programs that finish each sample (and walk native stacks from
-        # .eh_frame tables when NATIVE_UNWIND=1), called by tail call.
-        try:
-            if self.unwinder is not None and self.unwinder.bpf is not self.bpf:
-                self.unwinder.close()   # made for a program that did not load (compiled again)
-                self.unwinder = None
-            if self.unwinder is None:
-                self._make_unwinder()
-            self.unwinder.load_programs(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"),
-                                        wake=bool(self._wake_programs()))
-        except Exception as e:
-            if self.unwinder is not None:
-                self.unwinder.close()
-            self.unwinder = None
-            if self.targets is not None:
-                self.targets.unwinder = None
-            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            self.rec.notices.append(f"native unwinding off ({msg}): frame-pointer user stacks")
-
-    def _make_unwinder(self):
-        self.unwinder = unwind_loader.NativeUnwinder(
-            self.bpf, tables=unwind_loader.tables_on(self._unwind_cflags))
-        self.unwinder.copies = self.opts.follow     # BPF copies a parent's entry to its child
-
-    def _register(self, prog=None):
-        """The targets (-p, their children with --subprocesses, -a's scan)
-        found and registered in BPF's maps, and the control block's settings."""
-        o = self.opts
-        if prog is not None:
-            self.bpf = prog
-            self._control = prog["control"]
-        if self.unwinder is None:
-            try:
-                self._make_unwinder()
-            except Exception:           # noqa: BLE001 - _attach says why
-                self.unwinder = None
-        select = Select(o.match, o.uid, o.python_only) if o.system_wide else None
-        targets = self.targets = Targets(self.bpf, self.rec, self.unwinder,
-                                         lambda pids: self._write_control(targets=pids),
-                                         select=select, self_pid=os.getpid(), follow=o.follow,
-                                         on_python=self.blocked.fix_blocked if o.mode != "cpu" else None,
-                                         exit_events=self.platform.exit_group_dead)
-        self._write_control(self_tgid=os.getpid(), discover=int(o.system_wide and o.filtered),
-                            follow=int(o.follow), min_block_ns=o.min_block_ns,
-                            max_block_ns=o.max_block_ns)
-        for pid in o.pids:
-            targets.add(pid)
-        if o.follow and o.pids:
-            targets.add_descendants()
-        elif o.pids:
-            for pid, n in targets.python_descendants().items():
-                self.start_notices.append(
-                    f"process {pid} has started {n} Python process{'' if n == 1 else 'es'} "
-                    "(workers?) that are not recorded: --subprocesses takes them too")
-        if o.system_wide:
-            targets.scan()
-        if self.unwinder is not None:
-            # the tables the cache has go in now (a batched load: ~0.1 s for
-            # torch's 90 files); the ones to build are made while it records
-            while self.unwinder.poll(build=False):
-                pass
-
-    def _write_control(self, **fields):
-        table = self._control
-        k = table.Key(0)
-        c = table[k]
-        for name, v in fields.items():
-            if name == "targets":
-                pids = list(v)
-                # --subprocesses: BPF adds the children to procs itself
-                if len(pids) > bpfdefs.MAX_INLINE_TARGETS or self.opts.follow:
-                    c.ntargets = bpfdefs.TARGETS_IN_MAP
-                else:
-                    c.ntargets = len(pids)
-                    for i, pid in enumerate(pids):
-                        c.targets[i] = pid
-            else:
-                setattr(c, name, v)
-        table[k] = c
-
     # -- events ---------------------------------------------------------------
     def _on_pystack(self, cpu, data, size):
         raw = ctypes.cast(data, ctypes.POINTER(pystack_type())).contents
