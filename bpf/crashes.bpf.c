@@ -9,7 +9,7 @@
  * sends what user space needs to show the thread's stacks afterwards (see
  * crashes.h for the records): the registers as saved at kernel entry, the
  * user stack's bytes, the kernel stack, and for a registered Python process
- * its Python frames (walked by pywalk.h, as the profiler walks them; tail
+ * its Python frames (walked by pywalk.c, as the profiler walks them; tail
  * call crash_py) and the code objects they name with the strings and line
  * tables CodeReader reads (crash_code, which tail-calls itself); then the
  * same for each other thread of its interpreter (crash_other, one tail
@@ -74,7 +74,7 @@ static __always_inline void count_drop(int idx)
 }
 
 /* current_tstate, walk_python: the profiler's own (inlined by the loader) */
-#include "pywalk.h" /* inline */
+#include "pywalk.c" /* inline */
 
 static __always_inline void tally_add(int idx)
 {

@@ -135,7 +135,7 @@ struct stack_key {
     unsigned long long pystack;     /* hash of the Python stack, 0: none */
     unsigned int kind;
     unsigned int gen;               /* drain generation (control.gen when added) */
-    unsigned long long nstack;      /* hash of the native stack in nstacks (bpf/unwind.h),
+    unsigned long long nstack;      /* hash of the native stack in nstacks (bpf/unwind.c),
                                        0: none (ustack holds the frame-pointer stack) */
 };
 

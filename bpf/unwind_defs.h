@@ -1,4 +1,4 @@
-/* Structs of the native unwinder shared by bpf/unwind.h and the loader
+/* Structs of the native unwinder shared by bpf/unwind.c and the loader
  * (constants reach user space through pytool/pyoffcpu/bpfdefs.py; the rows
  * are written by unwind/table.py, whose layout test checks them). */
 #ifndef PYOFFCPU_UNWIND_DEFS_H
@@ -110,7 +110,7 @@ struct native_stack {
 #define MEMO_RA    0
 #define MEMO_PTR   1
 #define MEMO_FREE  2
-/* memo_stats (bpf/unwind.h) */
+/* memo_stats (bpf/memo.c) */
 #define MEMO_HIT_THREAD 0
 #define MEMO_HIT_SHARED 1
 #define MEMO_WALKED     2

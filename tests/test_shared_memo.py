@@ -1,4 +1,4 @@
-"""The switch memo shared by the threads of a process (bpf/unwind.h, xmemo):
+"""The switch memo shared by the threads of a process (bpf/memo.c, xmemo):
 a thread blocking where another blocked before reuses that walk only when
 every word the walk used holds, moved with the stack.  PYOFFCPU_MEMO_VERIFY=1
 walks every hit all the same and compares: none may differ, on a C program

@@ -8,7 +8,7 @@ the 1M limit, and the kernel's verification time), as the session builds them
 The programs are loaded through pytool/pyoffcpu/collect/bpfload.py with the
 verifier's statistics log (BPF_LOG_STATS): the raw tracepoint programs
 (sched_switch, fork, exec), on_cpu_sample, and the tail-called finishing
-programs unwind_perf / unwind_tp / memo_tp (bpf/unwind.h).
+programs unwind_perf / unwind_tp / memo_tp (bpf/unwind.c, bpf/memo.c).
 """
 from __future__ import annotations
 

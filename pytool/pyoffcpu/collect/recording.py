@@ -154,7 +154,7 @@ class Recording:
     kernel_stacks: Dict[Tuple[int, int, int, int, int, int], List[int]] = field(default_factory=dict)
     kernel_threads: Dict[int, ThreadTimes] = field(default_factory=dict)
     kernel_folded: int = 0                  # threads the kernel folded (bpf: fold_exit)
-    # how switch-outs found their native stack (bpf/unwind.h memo_stats): hit_thread,
+    # how switch-outs found their native stack (bpf/memo.c memo_stats): hit_thread,
     # hit_shared, walked; with PYOFFCPU_MEMO_VERIFY=1 also checked and wrong
     memo_stats: Dict[str, int] = field(default_factory=dict)
 

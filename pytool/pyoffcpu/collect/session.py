@@ -44,7 +44,7 @@ from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Targets
 from ..targets.procfs import rss_kib
 
-# memo_stats' slots (bpf/unwind.h): how each switch-out's native stack was found
+# memo_stats' slots (bpf/memo.c): how each switch-out's native stack was found
 MEMO_STATS = {n.lower(): bpfdefs.value("MEMO_" + n) for n in
               ("HIT_THREAD", "HIT_SHARED", "WALKED", "CHECKED", "WRONG", "HIT_WAKE")}
 

@@ -41,7 +41,7 @@ class SessionSetup:
             f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
             f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
             f"-DASYNC_TASKS={int(o.async_tasks)}",
-            # tests: every switch memo hit walked all the same and compared (bpf/unwind.h)
+            # tests: every switch memo hit walked all the same and compared (bpf/memo.c)
             f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
         ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX", "AX"), p.pt_regs_offsets)]
         from .platform import BTF_PATH

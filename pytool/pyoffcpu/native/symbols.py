@@ -301,7 +301,7 @@ def demangle(names: Iterable[str]) -> dict[str, str]:
 # Symbolizer
 # ---------------------------------------------------------------------------
 # A native frame in code made at run time (oneDNN's kernels, a JIT compiler's
-# output): no file names it, and the walk ends there (bpf/unwind.h).
+# output): no file names it, and the walk ends there (bpf/unwind.c).
 JIT_FRAME = "[jit]"
 
 

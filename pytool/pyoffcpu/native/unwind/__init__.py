@@ -1,4 +1,4 @@
 """Native stacks without frame pointers: .eh_frame (DWARF CFI) tables built
 in user space (ehframe.py -> table.py), searched by the BPF unwinder
-(bpf/unwind.h), loaded and kept in step with the targets' mappings by
+(bpf/unwind.c), loaded and kept in step with the targets' mappings by
 loader.py."""

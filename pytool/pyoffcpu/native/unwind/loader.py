@@ -1,4 +1,4 @@
-"""Puts unwind tables into the BPF maps of bpf/unwind.h and reads the
+"""Puts unwind tables into the BPF maps of bpf/unwind.c and reads the
 native stacks back.
 
 * `cflags()`: the -D the BPF side needs (pt_regs offsets from BTF).
@@ -55,7 +55,7 @@ def enabled() -> bool:
 
 
 def cflags(btf_path: Optional[str] = None) -> List[str]:
-    """-D flags for bpf/unwind.h; [] (unwinding off) when BTF lacks pt_regs."""
+    """-D flags for bpf/unwind.c; [] (unwinding off) when BTF lacks pt_regs."""
     off = ["-DNATIVE_UNWIND=0"]
     if not enabled():
         return off
@@ -103,7 +103,7 @@ class _Loaded:
 # A file mapping without a table (none could be made, or none fits): BPF walks
 # it by frame pointer.  Registered all the same, so that a pc in no
 # registered mapping is known to be in anonymous memory: JIT code, which
-# ends the walk (see bpf/unwind.h: unwind_step).
+# ends the walk (see bpf/unwind.c: unwind_step).
 _NO_TABLE = _Loaded(-1, 0, 0, 0, 0, "")
 
 
@@ -588,7 +588,7 @@ class NativeUnwinder(WalkedStacks):
 
     def walk_blocked(self, pid: int, tid: int) -> Optional[Tuple[List[int], int]]:
         """(pcs, flags) of a thread blocked right now, walked in user space
-        with the same tables (bpf/unwind.h cannot see it until it runs)."""
+        with the same tables (bpf/unwind.c cannot see it until it runs)."""
         from . import walk
         regions = self._regions.get(pid)
         regs = walk.blocked_registers(pid, tid) if regions else None

@@ -1,7 +1,7 @@
-"""Compact unwind tables: what the BPF unwinder (bpf/unwind.h) searches.
+"""Compact unwind tables: what the BPF unwinder (bpf/unwind.c) searches.
 
 One table per object file: rows sorted by code address, each 8 bytes
-(`struct unwind_row` in bpf/unwind.h), the rule from that address on:
+(`struct unwind_row` in bpf/unwind.c), the rule from that address on:
 
     u32 pc        address - table base (base: the lowest FDE address, page aligned)
     s16 cfa_off   CFA = rsp/rbp + cfa_off

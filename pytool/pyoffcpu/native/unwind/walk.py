@@ -37,7 +37,7 @@ def blocked_registers(pid: int, tid: int) -> Optional[Tuple[int, int]]:
 def walk(regions: Sequence[Region], pc: int, sp: int, bp: Optional[int],
          read_u64: Callable[[int], Optional[int]], bx: Optional[int] = None) -> Tuple[List[int], int]:
     """(pcs innermost first, NST_* flags with the frames of each method), as
-    bpf/unwind.h walks them (bp, bx: the leaf's rbp and rbx, None when not
+    bpf/unwind.c walks them (bp, bx: the leaf's rbp and rbx, None when not
     known)."""
     pcs, flags, methods = _walk(regions, pc, sp, bp, read_u64, bx)
     return pcs, with_methods(flags, methods)

@@ -4,8 +4,6 @@
  * the thread's way back to user space by rseq_capture.  Pasted into
  * pyoffcpu.bpf.c by the loader (bcc rewrites map calls only in the main
  * file), where sched_switch's helpers go; docs/offcpu-sampling.md. */
-#ifndef PYOFFCPU_WAITS_H
-#define PYOFFCPU_WAITS_H
 
 /* Is a wait this long left out (--min-block-us / --max-block-us)?  Then
  * counted (block_filtered) with ns, its part inside the recording. */
@@ -295,7 +293,7 @@ static __always_inline void owed_at_switch_out(struct thread_t *th, u32 tid)
 }
 
 /* An owed capture taken (rseq_capture, then memo_tp / unwind_tp for the
- * native stack): its weight goes to the key.  From bpf/unwind.h. */
+ * native stack): its weight goes to the key.  From bpf/memo.c. */
 static __always_inline void owed_recorded(struct unwind_state *s)
 {
     s->owed = 0;
@@ -371,5 +369,3 @@ int rseq_capture(struct bpf_raw_tracepoint_args *ctx)
     switch_recorded(us);                /* the tail call failed */
     return 0;
 }
-
-#endif

@@ -7,8 +7,6 @@
  * The includer provides: pyoffcpu.h, count_drop(idx) (the DROP_* counters),
  * TASK_FSBASE_OFF (-D, from BTF); ASYNC_TASKS and EXIT_GROUP_DEAD (0 when
  * not defined). */
-#ifndef PYOFFCPU_PYWALK_H
-#define PYOFFCPU_PYWALK_H
 
 #ifndef EXIT_GROUP_DEAD
 #define EXIT_GROUP_DEAD 0
@@ -98,7 +96,7 @@ static __always_inline u64 mix(u64 h, u64 v)
  * under a data-stack chunk is often not mapped.  The bytes are the ones a
  * read of each frame would give, at the same point of the walk.  <= 3.10
  * frames are objects on the heap, one read each.  (The native unwinder's
- * stack_read, bpf/unwind.h, copies the same way, upward.) */
+ * stack_read, bpf/unwind.c, copies the same way, upward.) */
 #define IFRAME_WINDOW 80
 #define FRAMEOBJ_WINDOW 112
 #define PYWIN 4096
@@ -242,5 +240,3 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     st->hash = h;
     return h;
 }
-
-#endif

@@ -1,0 +1,271 @@
+/* pyoffcpu.bpf.c's part: a stack's capture (capture, add_time, the thread's
+ * entry) and the on-CPU sampler (on_cpu_sample, perf_event cpu-clock).
+ * Pasted into pyoffcpu.bpf.c by the loader (bcc rewrites map calls only in
+ * the main file). */
+
+/* Fill key for the current thread; sends a Python stack seen for the first
+ * time.  kernel: take the kernel stack (KERNEL_STACKS) too; 0 leaves key->kstack. */
+static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, u32 tid, int slot,
+                                    int kernel)
+{
+    key->tgid = tgid;
+    key->tid = tid;
+    key->ustack = -1;
+    /* Walked from .eh_frame tables by the finishing program (bpf/unwind.c),
+     * once the Python walk is done; frame pointers otherwise. */
+    if (!unwind_prepare(tgid, slot)) {
+        key->ustack = ustacks.get_stackid(ctx, BPF_F_USER_STACK);
+        if (key->ustack < 0)
+            count_drop(DROP_USTACK);
+    }
+    key->nstack = 0;
+    if (kernel) {
+#if KERNEL_STACKS
+        key->kstack = kstacks.get_stackid(ctx, 0);
+        if (key->kstack < 0 && key->kstack != -14)  /* -EFAULT: sampled in user mode */
+            count_drop(DROP_KSTACK);
+#else
+        key->kstack = -1;
+#endif
+    }
+    key->pystack = 0;
+    struct proc_info *pi = procs.lookup(&tgid);
+    if (!pi) {
+#if SYSTEM_WIDE
+        unregistered.atomic_increment(tgid);
+#endif
+        return;
+    }
+    struct pystack *st = scratch.lookup(&slot);
+    if (!st)
+        return;
+    u64 tstate = pi->walker != WALK_NONE ? current_tstate(pi) : 0;
+    key->kind |= gil_state(pi, tstate) << GIL_SHIFT;
+    u64 h = walk_python(pi, st, tgid, tstate);
+    key->pystack = h;
+    if (!h)
+        return;
+    if (pystack_seen.lookup(&h))
+        return;
+    u8 one = 1;
+    if (pystack_seen.insert(&h, &one) != 0)
+        count_drop(DROP_PYSTACK_FULL);
+    pystack_events.perf_submit(ctx, st, sizeof(*st));
+}
+
+static __always_inline int is_target(struct control_t *ctl, u32 tgid)
+{
+#if SYSTEM_WIDE
+    return tgid != ctl->self_tgid;
+#else
+    u32 n = ctl->ntargets;
+    if (n > MAX_INLINE_TARGETS)
+        return procs.lookup(&tgid) != 0;
+    /* the common case: a few targets, compared inline (no hash lookup for the
+     * switches of every other thread on the machine) */
+#pragma unroll
+    for (int i = 0; i < MAX_INLINE_TARGETS; i++) {
+        if (i < n && ctl->targets[i] == tgid)
+            return 1;
+    }
+    return 0;
+#endif
+}
+
+/* Add count events of ns to the key's entry.  A thread whose keys are held
+ * for the kernel's fold (held_keys) keeps them in GEN_HELD, listed in the
+ * order they are made; the one that would not fit ends the holding (the
+ * thread goes to user space, the keys made from then on to the drains). */
+static __always_inline void add_time_n(struct stack_key *key, u64 count, u64 ns)
+{
+    int zero = 0;
+    struct control_t *ctl = control.lookup(&zero);
+    if (!ctl)
+        return;
+    key->gen = ctl->gen;
+    struct held_t *h = 0;
+    if (ctl->fold) {
+        u32 tid = key->tid;
+        h = held_keys.lookup(&tid);
+        if (h && !h->overflow)
+            key->gen = GEN_HELD;
+    }
+    struct stack_value *v = agg.lookup(key);
+    if (!v) {
+        if (h && key->gen == GEN_HELD && h->n >= MAX_HELD) {
+            h->overflow = 1;
+            key->gen = ctl->gen;
+            v = agg.lookup(key);
+        }
+    }
+    if (!v) {
+        struct stack_value init = {};
+        int made = agg.insert(key, &init) == 0;
+        v = agg.lookup(key);
+        if (!v) {
+            count_drop_ns(DROP_AGG_FULL, ns);
+            return;
+        }
+        if (made && h && key->gen == GEN_HELD) {
+            u32 n = h->n;
+            if (n < MAX_HELD) {
+                __builtin_memcpy(&h->keys[n & (MAX_HELD - 1)], key, sizeof(*key));
+                h->n = n + 1;
+            }
+        }
+    }
+    __sync_fetch_and_add(&v->count, count);
+    __sync_fetch_and_add(&v->ns, ns);
+}
+
+static __always_inline void add_time(struct stack_key *key, u64 ns)
+{
+    add_time_n(key, 1, ns);
+}
+
+/* The thread's entry, made when a target thread is met without one (it was
+ * missed at the start, or the threads map was full then). */
+static __always_inline struct thread_t *thread_entry(u32 tid, u32 tgid)
+{
+    struct thread_t *th = threads.lookup(&tid);
+    if (th)
+        return th;
+    struct thread_t fresh = {};
+    fresh.tgid = tgid;
+    bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
+    if (threads.insert(&tid, &fresh) != 0) {
+        count_drop(DROP_THREADS_FULL);
+        return 0;
+    }
+    return threads.lookup(&tid);
+}
+
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (tid == 0)
+        return 0;
+    struct control_t *ctl = recording(bpf_ktime_get_ns());
+    if (!ctl || !is_target(ctl, tgid))
+        return 0;
+    struct thread_t *th = thread_entry(tid, tgid);
+    if (th)                         /* its name, as it is now */
+        bpf_get_current_comm(&th->comm, sizeof(th->comm));
+    /* The key lives in the per-CPU unwind state: the finishing program
+     * (unwind_perf, bpf/unwind.c) walks the native stack and adds the
+     * sample.  Nothing but the tail call follows the Python walk: every
+     * instruction there is verified once per state the walk ends in. */
+    int slot = 0;
+    struct unwind_state *us = unwind_scratch.lookup(&slot);
+    if (!us)
+        return 0;
+    struct stack_key *key = &us->key;
+    __builtin_memset(key, 0, sizeof(*key));
+    key->kind = KIND_ONCPU;
+    us->ts = 0;
+    capture(ctx, key, tgid, tid, 0, 1);
+    unwind_perf_progs.call(ctx, 0);
+    add_time(key, SAMPLE_PERIOD_NS);    /* the tail call failed */
+    return 0;
+}
+
+/* The system call the current thread is blocked in, for the high bits of
+ * an off-CPU key's kind: its number + 1; SYS_OUTSIDE when the thread is in
+ * none (it entered the kernel by a fault or an interrupt); 0 when that
+ * cannot be told (no user registers: a kernel thread).  x86_64's system
+ * call entry saves the call's number in orig_ax and -ENOSYS in ax, which
+ * stays there until the call returns; a fault leaves the user's rax in ax
+ * and its error code in orig_ax, an interrupt ~vector (< 0).  One read of
+ * pt_regs from ax to cs (offsets from BTF: -DSYS_REGS_*_OFF), no user
+ * memory: the instruction before the user pc, read here before, was a
+ * third of a switch-out's cost. */
+#define NEG_ENOSYS (-38)
+static __always_inline u32 current_syscall(void)
+{
+#if defined(SYS_REGS_ORIG_AX_OFF) && defined(SYS_REGS_AX_OFF) && defined(SYS_REGS_CS_OFF)
+#define SYS_REGS_WORDS ((SYS_REGS_CS_OFF - SYS_REGS_AX_OFF) / 8 + 1)
+    _Static_assert(SYS_REGS_AX_OFF < SYS_REGS_ORIG_AX_OFF && SYS_REGS_ORIG_AX_OFF < SYS_REGS_CS_OFF &&
+                   SYS_REGS_WORDS <= 16, "pt_regs: ax, orig_ax and cs within 128 bytes, in that order");
+    struct task_struct *task = bpf_get_current_task_btf();
+    u64 regs = bpf_task_pt_regs(task);
+    if (!regs)
+        return 0;
+    u64 r[SYS_REGS_WORDS];
+    if (bpf_probe_read_kernel(r, sizeof(r), (void *)(regs + SYS_REGS_AX_OFF)) != 0)
+        return 0;
+    s64 ax = (s64)r[0];
+    s64 nr = (s64)r[(SYS_REGS_ORIG_AX_OFF - SYS_REGS_AX_OFF) / 8];
+    u64 cs = r[(SYS_REGS_CS_OFF - SYS_REGS_AX_OFF) / 8];
+    if ((cs & 3) != 3)
+        return 0;
+    if (ax != NEG_ENOSYS || nr < 0 || nr >= SYS_OUTSIDE - 1)
+        return SYS_OUTSIDE;
+    return (u32)nr + 1;
+#else
+    return 0;
+#endif
+}
+
+static __always_inline u32 off_cpu_kind(u64 preempt, u64 state)
+{
+    if (preempt || state == 0)      /* preempted, or yielded: still runnable */
+        return KIND_RUNQUEUE;
+    if (state & 1)                  /* TASK_INTERRUPTIBLE */
+        return KIND_SLEEP;
+    if (state & 2)                  /* TASK_UNINTERRUPTIBLE; TASK_IDLE adds TASK_NOLOAD */
+        return (state & 0x400) ? KIND_SLEEP : KIND_UNINTERRUPTIBLE;
+    return KIND_OTHER;
+}
+
+/* The key of a thread's open off-CPU interval, with the Python stack user
+ * space found for it if BPF had none (pystack_fix). */
+static __always_inline void open_key(u32 tid, struct offcpu_start *st, struct stack_key *key)
+{
+    __builtin_memcpy(key, &st->key, sizeof(*key));
+    if (key->pystack)
+        return;
+    struct pystack_fix *fx = pystack_fix.lookup(&tid);
+    if (fx) {
+        if (fx->ts == st->ts)
+            key->pystack = fx->pystack;
+        pystack_fix.delete(&tid);
+    }
+}
+
+#if WAKERS
+/* A wait of tid that began at `from` ends: its waker, if it woke the thread
+ * after the wait began (an older one woke an earlier wait). */
+static __always_inline void add_wake(u32 tid, u64 from, struct stack_key *key, u64 ns)
+{
+    struct wake_key wk = {};
+    wk.tgid = key->tgid;
+    wk.tid = tid;
+    wk.ustack = key->ustack;
+    wk.kstack = key->kstack;
+    wk.pystack = key->pystack;
+    wk.kind = key->kind;
+    wk.gen = key->gen;              /* add_time set it */
+    wk.nstack = key->nstack;
+    struct waker_t *w = last_waker.lookup(&tid);
+    if (w && w->ts >= from) {
+        wk.waker_kind = w->kind;
+        wk.waker_tgid = w->tgid;
+        wk.waker_tid = w->tid;
+        wk.waker_ustack = w->ustack;
+        wk.waker_kstack = w->kstack;
+        wk.waker_pystack = w->pystack;
+        wk.waker_nstack = w->nstack;
+        wk.waker_comm0 = w->comm[0];
+        wk.waker_comm1 = w->comm[1];
+    } else {
+        wk.waker_ustack = wk.waker_kstack = -1;
+    }
+    struct stack_value init = {};
+    struct stack_value *v = wake_agg.lookup_or_try_init(&wk, &init);
+    if (!v)
+        return;
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->ns, ns);
+}
+#endif
