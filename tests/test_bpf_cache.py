@@ -17,7 +17,8 @@ import sys
 import pytest
 
 from conftest import ROOT, Workload, env, python_or_skip
-from pyoffcpu.collect import bpfload, bpfsys, progcache, tables
+from pyoffcpu.collect import bpfload, progcache, tables
+from pyoffcpu.kernel import bpfsys
 from pyoffcpu.profile.model import FrameKind
 
 DURATION = 4.0
@@ -305,7 +306,7 @@ def test_header_structs_are_the_ones_bpf_was_compiled_with(entry, bpf):
     """Python's ctypes of the structs in bpf/*.h (bpfdefs.struct_type, read
     from the headers) lay out every member where the compiled program has it:
     one source for both sides, and this fails when they part."""
-    from pyoffcpu.collect import bpfdefs
+    from pyoffcpu.kernel import bpfdefs
 
     def layout(t):
         if isinstance(t, type) and issubclass(t, ctypes.Structure):
@@ -406,11 +407,11 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
 
 
 def test_btf_offsets_are_remembered_and_a_bad_record_is_ignored(tmp_path):
-    from pyoffcpu.collect.btf import Btf, member_offsets
+    from pyoffcpu.kernel.btf import Btf, member_offsets
     want = [("task_struct", "pid"), ("task_struct", "se.sum_exec_runtime"), ("pt_regs", "ip")]
     btf = Btf.load(progcache.BTF_VMLINUX)
     truth = [btf.member_offset(s, m) for s, m in want]
-    from pyoffcpu.collect import btf as btf_mod
+    from pyoffcpu.kernel import btf as btf_mod
     btf_mod._OFFSETS.clear()
     assert member_offsets(progcache.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
     (rec,) = [p for p in os.listdir(tmp_path) if p.startswith("btf-")]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pyoffcpu.collect.btf import Btf, BtfError
+from pyoffcpu.kernel.btf import Btf, BtfError
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
 

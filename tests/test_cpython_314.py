@@ -25,7 +25,7 @@ import pytest
 from pyoffcpu.cpython import debug_offsets, detect, walker
 from pyoffcpu.cpython.code import CodeReader
 from pyoffcpu.cpython.offsets_table import OFFSETS_FROM_SOURCE
-from pyoffcpu.targets.memory import MemoryError_
+from pyoffcpu.kernel.memory import MemoryError_
 from pyoffcpu.profile.merge import Merger
 from pyoffcpu.collect.recording import Options, PyStack, Recording
 

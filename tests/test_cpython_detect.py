@@ -15,7 +15,7 @@ import pytest
 
 from conftest import record_folded
 from pyoffcpu.cpython import detect
-from pyoffcpu.targets.memory import ProcessMemory
+from pyoffcpu.kernel.memory import ProcessMemory
 from pyoffcpu.profile.model import FrameKind
 from conftest import INTERPRETERS as MATRIX
 

@@ -6,7 +6,7 @@ import pytest
 
 from pyoffcpu.cpython.code import CodeInfo
 from pyoffcpu.profile.merge import Merger
-from pyoffcpu.collect.bpfdefs import PYF_ENTRY, PYS_TRUNCATED
+from pyoffcpu.kernel.bpfdefs import PYF_ENTRY, PYS_TRUNCATED
 from pyoffcpu.collect.recording import Options, PyStack, Recording
 
 PID = 99

@@ -164,7 +164,7 @@ def test_an_ended_threads_wakers_fold_with_its_waits():
     """--wakers: when an ended thread folds into its group, the wakers of its
     waits go with them, so each wait's time is still split by its wakers
     (the chains add up to the wait) under the group's root."""
-    from pyoffcpu.collect import bpfdefs
+    from pyoffcpu.kernel import bpfdefs
     from pyoffcpu.profile.merge import build_profile
     d = Drainer(FakeAgg([]))
     pid, tid, waker_tid = 10, 11, 12

@@ -1,7 +1,7 @@
 """The GIL's state from BPF's keys into the profile (no BPF: a Recording
 built by hand): per-thread GIL times, and the [gil not held] marker on a
 Python frame that ran on a CPU without the GIL."""
-from pyoffcpu.collect import bpfdefs
+from pyoffcpu.kernel import bpfdefs, syscalls
 from pyoffcpu.cpython.code import CodeInfo
 from pyoffcpu.profile.merge import build_profile
 from pyoffcpu.profile.model import GIL_NOT_HELD
@@ -56,10 +56,10 @@ def test_times_by_gil_state_and_the_marker_on_python_without_it():
 
 def test_gil_bits_leave_the_state_and_the_system_call_alone():
     from pyoffcpu.profile import reasons
-    k = reasons.with_sys(bpfdefs.KIND_SLEEP, 202) | (bpfdefs.GIL_HELD << bpfdefs.GIL_SHIFT)
+    k = syscalls.with_sys(bpfdefs.KIND_SLEEP, 202) | (bpfdefs.GIL_HELD << bpfdefs.GIL_SHIFT)
     assert bpfdefs.kind_gil(k) == bpfdefs.GIL_HELD
-    assert reasons.split_kind(bpfdefs.without_gil(k)) == (bpfdefs.KIND_SLEEP, 202)
-    assert reasons.split_kind(k) == (bpfdefs.KIND_SLEEP, 202)
+    assert syscalls.split_kind(bpfdefs.without_gil(k)) == (bpfdefs.KIND_SLEEP, 202)
+    assert syscalls.split_kind(k) == (bpfdefs.KIND_SLEEP, 202)
     assert bpfdefs.on_cpu(bpfdefs.KIND_ONCPU | (bpfdefs.GIL_FREE << bpfdefs.GIL_SHIFT))
     assert not bpfdefs.on_cpu(k)
 
@@ -71,7 +71,7 @@ class FakeMemory:
         self.words = words
 
     def u64(self, addr):
-        from pyoffcpu.targets.memory import MemoryError_
+        from pyoffcpu.kernel.memory import MemoryError_
         if addr not in self.words:
             raise MemoryError_(addr)
         return self.words[addr]

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conftest import Workload, python_or_skip, record_folded
-from pyoffcpu.collect import bpfdefs
+from pyoffcpu.kernel import bpfdefs
 
 SECONDS = 4.0
 # the server's load starts this long after it is ready: after the start,

@@ -3,7 +3,7 @@ order, stops at an entry still being written, and looks at everything again
 (resync) when the ring went round: built on a buffer laid out as BPF's."""
 import ctypes
 
-from pyoffcpu.collect import bpfdefs
+from pyoffcpu.kernel import bpfdefs
 from pyoffcpu.targets.processes import Targets
 
 N = 16                                  # ring entries (BPF's is LIFE_LOG)

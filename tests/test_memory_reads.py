@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from pyoffcpu.targets import libc
+from pyoffcpu.native import libc
 from pyoffcpu.cpython import detect, walker
 from pyoffcpu.cpython.code import CodeReader
-from pyoffcpu.targets.memory import MemoryError_, ProcessMemory
+from pyoffcpu.kernel.memory import MemoryError_, ProcessMemory
 from pyoffcpu.native.unwind import loader, walk
 from pyoffcpu.native.unwind import table as T
 

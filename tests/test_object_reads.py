@@ -11,7 +11,7 @@ from pyoffcpu.cpython.object_table import LAYOUTS
 from pyoffcpu.cpython.objects import ObjectReader
 from pyoffcpu.cpython.offsets_table import OFFSETS
 from pyoffcpu.cpython.threadnames import MAX_NAME, clean_name
-from pyoffcpu.targets.memory import MemoryError_, WordReads
+from pyoffcpu.kernel.memory import MemoryError_, WordReads
 
 MINOR = (3, 12)
 L = LAYOUTS[MINOR]

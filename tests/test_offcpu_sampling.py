@@ -23,7 +23,7 @@ import pytest
 
 from conftest import (TwoCallers, Workload, env, pyoffcpu_cmd, python_or_skip, record_folded,
                       source_line)
-from pyoffcpu.collect import bpfdefs
+from pyoffcpu.kernel import bpfdefs
 from pyoffcpu.profile import waits
 from pyoffcpu.profile.model import FrameKind
 

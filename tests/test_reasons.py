@@ -2,7 +2,7 @@
 are tried in, and the kind encoding BPF and /proc share with it."""
 import pytest
 
-from pyoffcpu.collect import bpfdefs
+from pyoffcpu.kernel import bpfdefs, syscalls
 from pyoffcpu.profile import reasons
 from pyoffcpu.profile.model import Frame, FrameKind, native_frame, python_frame
 
@@ -53,7 +53,7 @@ CASES = [
     ("disk", "D in another call", D, 257, stack()),
     ("other", "wait4", S, 61, stack()),
     ("other", "stopped", OTHER, None, stack()),
-    ("other", "no user registers", S, reasons.UNKNOWN, stack()),
+    ("other", "no user registers", S, syscalls.UNKNOWN, stack()),
     ("other", "ioctl not under a GPU library", S, 16, stack(("ioctl", LIBC))),
 ]
 
@@ -80,10 +80,10 @@ def test_kernel_frames_never_decide():
         assert reasons.classify(kind, sys, with_kernel) == reason
 
 
-@pytest.mark.parametrize("sys", [None, reasons.UNKNOWN, 0, 202, 449])
+@pytest.mark.parametrize("sys", [None, syscalls.UNKNOWN, 0, 202, 449])
 def test_kind_encoding_round_trips(sys):
     for kind in (S, D, R, OTHER):
-        assert reasons.split_kind(reasons.with_sys(kind, sys)) == (kind, sys)
+        assert syscalls.split_kind(syscalls.with_sys(kind, sys)) == (kind, sys)
 
 
 def test_gpu_spin_is_a_synchronize_call():

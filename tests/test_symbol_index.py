@@ -1,5 +1,5 @@
 """The function index (pyoffcpu.symindex, helper/symbols.c): it names every
-address as symbols._function_table does, the compiled helper and the
+address as functable.function_table does, the compiled helper and the
 Python fallback write the same bytes, a damaged index gives no name and no
 exception, code only an FDE covers is named by the FDE's start, and the
 demangler in the process reads names as c++filt does."""
@@ -17,7 +17,8 @@ from conftest import torch_python
 from pyoffcpu.native import demangle as D
 from pyoffcpu.native import helper, symindex
 from pyoffcpu.native.elfcache import ElfCache
-from pyoffcpu.native.symbols import AddressSpace, ElfSymbols, Mapping, Symbolizer, _function_table, demangle
+from pyoffcpu.native.functable import function_table as _function_table
+from pyoffcpu.native.symbols import AddressSpace, ElfSymbols, Mapping, Symbolizer, demangle
 from pyoffcpu.native.unwind import ehframe
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"

@@ -5,7 +5,7 @@ adds.  Every expectation is exact: nanoseconds in, nanoseconds out."""
 from types import SimpleNamespace
 
 from pyoffcpu.collect.accounting import ThreadAccounts
-from pyoffcpu.collect.bpfdefs import KIND_ONCPU, KIND_OTHER, KIND_SLEEP, TH
+from pyoffcpu.kernel.bpfdefs import KIND_ONCPU, KIND_OTHER, KIND_SLEEP, TH
 from pyoffcpu.collect.recording import NO_STACK, UNSAMPLED, Options, PyStack, Recording
 from pyoffcpu.cpython.code import CodeInfo
 
@@ -123,7 +123,7 @@ def test_sampled_waits_left_in_a_threads_entry_are_added_at_its_close():
     """--off-cpu sampled: the short waits BPF keeps in the thread's entry
     until it flushes them, and a stack owed but not taken before the end,
     go to the thread with their exact time (their stack: none)."""
-    from pyoffcpu.collect import bpfdefs
+    from pyoffcpu.kernel import bpfdefs
     from pyoffcpu.collect.recording import SHORT_WAITS
     from pyoffcpu.profile.waits import KIND_SAMPLED, KIND_SHORT
     acc = accounts()

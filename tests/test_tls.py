@@ -6,7 +6,7 @@ on the threads.  The byte strings are those of Debian's 3.15.0 builds
 processes are in test_cpython_versions.py[debian-3.15*]."""
 
 from pyoffcpu.cpython import tls
-from pyoffcpu.targets.memory import MemoryError_
+from pyoffcpu.kernel.memory import MemoryError_
 
 ENDBR = bytes.fromhex("f30f1efa")
 # python3.15: mov %fs:0xffffffffffffffd8,%rax ; ret

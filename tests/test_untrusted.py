@@ -244,7 +244,8 @@ def test_a_damaged_pprof_is_one_line_never_a_traceback(tmp_path, damage):
 def test_a_deeply_nested_btf_cache_file_is_ignored(tmp_path):
     """btf-*.json in the cache directory: deep nesting (RecursionError) or a
     wrong shape is a file not ours, and the offsets come from vmlinux."""
-    from pyoffcpu.collect import btf, progcache
+    from pyoffcpu.collect import progcache
+    from pyoffcpu.kernel import btf
     if not os.path.exists(btf.VMLINUX_BTF):
         pytest.skip("no /sys/kernel/btf/vmlinux")
     cache = tmp_path / "cache"

@@ -160,7 +160,8 @@ def test_library_loaded_during_the_recording_is_unwound(extension, tmp_path, bpf
 def test_native_stacks_match_the_python_stacks(label, bpf):
     """On-CPU samples inside Python: the eval frames of the native stack pair
     one to one with the Python groups (no fallback)."""
-    from pyoffcpu.collect import bpfdefs, platform as plat
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.kernel import bpfdefs
     from pyoffcpu.native import symbols
     from pyoffcpu.profile.merge import Merger
     from pyoffcpu.collect.recording import Options
@@ -247,7 +248,8 @@ def test_native_walk_deeper_than_the_limit_keeps_its_innermost_frames(bpf):
     of innermost frames, then stops, marked truncated.  A tail-call chain the
     kernel cut short (33 calls at most) would stop earlier, at a multiple of
     the frames one program run takes."""
-    from pyoffcpu.collect import bpfdefs, platform as plat
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.kernel import bpfdefs
     from pyoffcpu.collect.recording import Options
     from pyoffcpu.collect.session import Session
     python = python_or_skip("pyenv-3.11")

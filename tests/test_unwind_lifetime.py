@@ -36,7 +36,7 @@ class _Procs(dict):
 
 
 def _unwinder(monkeypatch):
-    from pyoffcpu.collect.bpfdefs import struct_type
+    from pyoffcpu.kernel.bpfdefs import struct_type
     real = type("T", (), {"Key": __import__("ctypes").c_uint32, "Leaf": struct_type("proc_unwind")})
     u = loader.NativeUnwinder(None)
     u._files, u._procs = _Slots(), _Procs(real)

@@ -64,7 +64,7 @@ def test_blocked_thread_walks_to_start(blocked, tmp_path):
     if blocked.flavour == "nofp":
         # complete: it ends at _start's undefined return address, every
         # caller frame found from CFI
-        from pyoffcpu.collect import bpfdefs
+        from pyoffcpu.kernel import bpfdefs
         assert flags & 0xFFFFFFFF == 0, flags
         assert bpfdefs.frame_methods(flags) == {"cfi": len(pcs) - 1, "prologue": 0, "frame pointer": 0}
         assert chain == ["c_wait", "b_mid", "a_top", "main", "_start"], names

@@ -2,7 +2,7 @@
 keys become one weight per stack, the totals exact to the nanosecond.
 
 The BPF side is tests/test_offcpu_sampling.py's."""
-from pyoffcpu.collect import bpfdefs
+from pyoffcpu.kernel import bpfdefs
 from pyoffcpu.collect.recording import SHORT_WAITS
 from pyoffcpu.profile import waits
 

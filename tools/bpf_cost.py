@@ -135,7 +135,8 @@ class Phase:
         self.depths = (0, 0)
 
     def run(self):
-        from pyoffcpu.collect import bpfdefs, platform as plat
+        from pyoffcpu.collect import platform as plat
+        from pyoffcpu.kernel import bpfdefs
         from pyoffcpu.collect.recording import Options
         from pyoffcpu.collect.session import Session
         a = self.args

@@ -24,7 +24,8 @@ LOG_STATS = 4
 def main() -> int:
     if os.geteuid() != 0:
         sys.exit("bpf_insns: run as root")
-    from pyoffcpu.collect import bpfload, bpfsys
+    from pyoffcpu.collect import bpfload
+    from pyoffcpu.kernel import bpfsys
     from pyoffcpu.collect import platform as plat
     from pyoffcpu.collect.recording import Options
     from pyoffcpu.collect.session import Session

@@ -3,8 +3,9 @@ and the check that such a directory is safe to read from: what is read from
 it steers BPF programs in the kernel."""
 from __future__ import annotations
 
+import hashlib
 import os
-from typing import Optional, Union
+from typing import Dict, Optional, Union
 
 
 def cache_dir(kind: str) -> Optional[str]:
@@ -63,3 +64,17 @@ def write_private(path: str, data: Union[bytes, int]) -> bool:
         except OSError:
             pass
         return False
+
+
+_SHA256: Dict[tuple, str] = {}     # file_sha256's, by file identity
+
+
+def file_sha256(path: str) -> str:
+    """sha256 of a file's bytes, remembered in this process while its
+    identity (device, inode, size, mtime) stays."""
+    st = os.stat(path)
+    ident = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if ident not in _SHA256:
+        with open(path, "rb") as f:
+            _SHA256[ident] = hashlib.sha256(f.read()).hexdigest()
+    return _SHA256[ident]

@@ -620,7 +620,7 @@ def top(pids, all_, mode, frequency, once):
     if all_:
         title = "pyoffcpu top: every process"
     else:
-        from .targets.procfs import comm
+        from .kernel.procfs import comm
         names = ", ".join(f"{p} {comm(p)}" for p in pids)
         title = f"pyoffcpu top: pid {names}"
 

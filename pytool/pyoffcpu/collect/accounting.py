@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
-from . import bpfdefs
-from .bpfdefs import KIND_ONCPU
+from ..kernel import bpfdefs
+from ..kernel.bpfdefs import KIND_ONCPU
 from .recording import NO_STACK, SHORT_WAITS, UNSAMPLED, Recording, ThreadTimes, accumulate
-from ..targets.procfs import ns_id
+from ..kernel.procfs import ns_id
 
 KIND_SHADOW = bpfdefs.value("KIND_SHADOW")
 KIND_SHORT = bpfdefs.value("KIND_SHORT")

@@ -44,7 +44,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .bpfsys import (AUTOLOAD_PREFIX, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE, BpfError, Function,
+from ..kernel.bpfsys import (AUTOLOAD_PREFIX, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE, BpfError, Function,
                      KPROBE, PERF_EVENT, PERF_EVENT_IOC_DISABLE, PERF_EVENT_IOC_ENABLE,
                      PERF_EVENT_IOC_SET_BPF, RAW_TRACEPOINT, TRACEPOINT, map_create, online_cpus,
                      perf_event_open, prog_load, raw_tracepoint_open)

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import bpfdefs
-from .bpfdefs import BPF_DIR
-from ..targets.memory import WordReads
+from ..kernel import bpfdefs
+from ..kernel.bpfdefs import BPF_DIR
+from ..kernel.memory import WordReads
 from .maps import bpf_source, fdinfo
 
 V = bpfdefs.value
@@ -114,7 +114,7 @@ class CapturedMemory(WordReads):
         self._longest = max((len(b) for _, b in self._ranges), default=0)
 
     def read(self, addr: int, size: int) -> bytes:
-        from ..targets.memory import MemoryError_
+        from ..kernel.memory import MemoryError_
         if addr < 0 or size < 0:
             raise MemoryError_(f"bad read of {size} at {addr:#x}")
         i = bisect.bisect_right(self._starts, addr) - 1
@@ -160,7 +160,7 @@ def _btf_offsets() -> Tuple[Dict[str, int], Dict[str, int], int, bool]:
     """({task_struct field: offset} (thread.fsbase, group_leader,
     start_boottime), {register: offset in pt_regs}, sizeof(pt_regs),
     whether sched_process_exit passes group_dead (as platform.probe reads it))."""
-    from .btf import TRACEPOINT_ARGS, member_offsets
+    from ..kernel.btf import TRACEPOINT_ARGS, member_offsets
     from .platform import BTF_PATH
     task = ("thread.fsbase", "group_leader", "start_boottime")
     offs = member_offsets(BTF_PATH, [("task_struct", f) for f in task] + [("pt_regs", r) for r in REGS]
@@ -195,7 +195,8 @@ class CrashCapture:
 
     def __init__(self, uid: Optional[int] = None, pids: Optional[Sequence[int]] = None,
                  page_cnt: Optional[int] = None, cache_dir: Optional[str] = "default"):
-        from . import bpfload, bpfsys
+        from . import bpfload
+        from ..kernel import bpfsys
         task, self._reg_offs, regs_size, group_dead = _btf_offsets()
         if regs_size > V("CR_REGS_MAX"):
             raise bpfsys.BpfError(f"struct pt_regs of {regs_size} bytes: more than the copy holds")
@@ -388,7 +389,7 @@ class CrashCapture:
         on while this holds its fd, as kernel.bpf_stats_enabled=1)."""
         if self._stats_fd >= 0:
             return
-        from .bpfsys import bpf_call, new_attr
+        from ..kernel.bpfsys import bpf_call, new_attr
         a = new_attr()
         struct.pack_into("<I", a, 0, _BPF_STATS_RUN_TIME)
         self._stats_fd = bpf_call(_BPF_ENABLE_STATS, a)
@@ -408,7 +409,7 @@ class CrashCapture:
         """map -> bytes the kernel charges for it (memlock), and the perf
         buffer's pages as 'perf buffer (mmap)'."""
         out = {name: fdinfo(fd).get("memlock", 0) for name, fd in self.bpf._map_fds.items()}
-        from .bpfsys import online_cpus
+        from ..kernel.bpfsys import online_cpus
         out["perf buffer (mmap)"] = len(online_cpus()) * (self._page_cnt + 1) * os.sysconf("SC_PAGE_SIZE")
         return out
 

@@ -12,8 +12,8 @@ import re
 import struct
 from typing import Dict, List, Optional, Tuple
 
-from . import bpfdefs
-from ..targets.procfs import read_text
+from ..kernel import bpfdefs
+from ..kernel.procfs import read_text
 from .recording import Options
 
 

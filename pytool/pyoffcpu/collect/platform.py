@@ -83,7 +83,7 @@ def probe() -> Platform:
     if not os.path.exists(BTF_PATH):
         raise ProfilerError(f"no kernel BTF at {BTF_PATH}",
                             f"pyoffcpu needs a kernel built with CONFIG_DEBUG_INFO_BTF; {DOCTOR}")
-    from .btf import TRACEPOINT_ARGS, BtfError, member_offsets
+    from ..kernel.btf import TRACEPOINT_ARGS, BtfError, member_offsets
     try:
         offs = member_offsets(BTF_PATH, [("task_struct", f) for f in
                                          ("thread.fsbase", "pid", "tgid", "se.sum_exec_runtime")]

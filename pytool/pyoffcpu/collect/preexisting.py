@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 from typing import Dict
 
-from . import bpfdefs
-from .bpfsys import update_elem
-from .bpfdefs import PYS_TRUNCATED
+from ..kernel import bpfdefs
+from ..kernel.bpfsys import update_elem
+from ..kernel.bpfdefs import PYS_TRUNCATED
 from .maps import items
 from .recording import NATIVE_ID_BASE, NO_STACK, PyStack
 from ..cpython import walker
-from ..profile import reasons
-from ..targets.procfs import blocked_syscall, ns_id, proc_state
+from ..kernel import syscalls
+from ..kernel.procfs import blocked_syscall, ns_id, proc_state
 
 
 class BlockedThreads:
@@ -252,10 +252,10 @@ class BlockedThreads:
 def state_kind(pid: int, tid: int) -> int:
     """The kind of off-CPU time (bpfdefs.KIND_*) of a thread's state in /proc, with
     the system call it is in (/proc/PID/task/TID/syscall: its number, -1
-    for none, `running`), as BPF keeps it (reasons.split_kind)."""
+    for none, `running`), as BPF keeps it (syscalls.split_kind)."""
     sc = blocked_syscall(pid, tid)
-    sysno = reasons.UNKNOWN if sc is None else (None if sc.nr < 0 else sc.nr)
-    return reasons.with_sys(proc_state_kind(pid, tid), sysno)
+    sysno = syscalls.UNKNOWN if sc is None else (None if sc.nr < 0 else sc.nr)
+    return syscalls.with_sys(proc_state_kind(pid, tid), sysno)
 
 
 def proc_state_kind(pid: int, tid: int) -> int:

@@ -15,7 +15,8 @@ import struct
 from typing import Dict, Optional, Sequence
 
 from .. import cachedir
-from .bpfsys import (BPF_MAP_TYPE_ARRAY_OF_MAPS, BpfError, INNER_SUFFIX, LD_IMM64, PSEUDO_MAP_FD,
+from ..cachedir import file_sha256
+from ..kernel.bpfsys import (BPF_MAP_TYPE_ARRAY_OF_MAPS, BpfError, INNER_SUFFIX, LD_IMM64, PSEUDO_MAP_FD,
                      PSEUDO_MAP_VALUE, map_info)
 
 FORMAT = 1
@@ -29,20 +30,6 @@ class CacheError(Exception):
 
 
 # -- the cache key ------------------------------------------------------------------------------------
-_SHA256: Dict[tuple, str] = {}
-
-
-def file_sha256(path: str) -> str:
-    """sha256 of a file's bytes, remembered in this process while its
-    identity (device, inode, size, mtime) stays."""
-    st = os.stat(path)
-    ident = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if ident not in _SHA256:
-        with open(path, "rb") as f:
-            _SHA256[ident] = hashlib.sha256(f.read()).hexdigest()
-    return _SHA256[ident]
-
-
 def _stat_id(path: str) -> str:
     try:
         st = os.stat(path)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from . import bpfdefs
+from ..kernel import bpfdefs
 from ..cpython import detect
 from ..cpython.code import CodeInfo
 from ..native import symbols

@@ -29,9 +29,9 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional
 
-from . import bpfdefs
+from ..kernel import bpfdefs
 from .accounting import ThreadAccounts
-from .bpfdefs import GROUP_TID
+from ..kernel.bpfdefs import GROUP_TID
 from .launch import Launcher
 from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, WAKE_KEY_FIELDS,
                    delete_all, fdinfo, items, pystack_type, take_generation, walk_stack)
@@ -42,7 +42,7 @@ from .recording import LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Rec
 from ..native import symbols
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Targets
-from ..targets.procfs import rss_kib
+from ..kernel.procfs import rss_kib
 
 # memo_stats' slots (bpf/memo.c): how each switch-out's native stack was found
 MEMO_STATS = {n.lower(): bpfdefs.value("MEMO_" + n) for n in

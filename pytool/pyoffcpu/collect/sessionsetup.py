@@ -11,8 +11,8 @@ import os
 import threading
 from typing import List
 
-from . import bpfdefs
-from .bpfdefs import BPF_DIR
+from ..kernel import bpfdefs
+from ..kernel.bpfdefs import BPF_DIR
 from .maps import bpf_source, map_sizes
 from .platform import DOCTOR, ProfilerError
 from ..native.unwind import loader as unwind_loader
@@ -25,7 +25,8 @@ class SessionSetup:
     """The setup half of Session: its methods, on Session's state."""
 
     def _compile(self):
-        from . import bpfload, bpfsys  # from the cache without clang; bcc (slow, maps LLVM) on a miss
+        from . import bpfload
+        from ..kernel import bpfsys  # from the cache without clang; bcc (slow, maps LLVM) on a miss
         o = self.opts
         p = self.platform
         cflags = [
@@ -116,7 +117,7 @@ class SessionSetup:
         self._fold_started = True       # asked once: a server starts a thread per request
         if not self._fold_mode():
             return
-        from .bpfsys import RAW_TRACEPOINT
+        from ..kernel.bpfsys import RAW_TRACEPOINT
 
         def load():
             try:
@@ -170,7 +171,7 @@ class SessionSetup:
         return sorted({fn for _, fn in self.WAKE_ATTACH})
 
     def _attach(self):
-        from .bpfsys import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE
+        from ..kernel.bpfsys import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE
         o = self.opts
         try:
             if o.mode in ("wall", "cpu"):

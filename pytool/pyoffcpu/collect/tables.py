@@ -10,9 +10,9 @@ import ctypes as ct
 import json
 import os
 import struct
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import Callable, List, Optional
 
-from .bpfsys import (BPF_ANY, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_ARRAY_OF_MAPS, BPF_MAP_TYPE_HASH,
+from ..kernel.bpfsys import (BPF_ANY, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_ARRAY_OF_MAPS, BPF_MAP_TYPE_HASH,
                      BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY,
                      BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERF_EVENT_ARRAY, BPF_MAP_TYPE_PROG_ARRAY,
                      BPF_MAP_TYPE_STACK_TRACE, Function, MAP_DELETE_BATCH, MAP_DELETE_ELEM, MAP_GET_NEXT_KEY,
@@ -20,8 +20,6 @@ from .bpfsys import (BPF_ANY, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_ARRAY_OF_MAPS, BP
                      bpf_call, map_elem, new_attr, possible_cpus)
 from .progcache import CacheError
 
-if TYPE_CHECKING:                       # the annotations' type only: no import cycle
-    from .bpfload import Program
 
 # -- bcc's type descriptions as ctypes --------------------------------------------------------------
 _C_TYPES = {
@@ -88,7 +86,7 @@ class Table:
     """A map, as bcc.table's classes present it: Key, Leaf, map_fd, and a
     mapping interface (KeyError for a missing key)."""
 
-    def __init__(self, bpf: "Program", name: str, spec: dict, fd: int):
+    def __init__(self, bpf, name: str, spec: dict, fd: int):       # bpf: bpfload.Program
         self.bpf = bpf
         self.name = name
         self.map_fd = fd

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ..cpython import asyncio_tasks as A
-from ..targets.memory import MemoryError_
+from ..kernel.memory import MemoryError_
 
 DEFAULT_HZ = 100
 MAX_SHARE = 0.05                 # of one core, for all snapshots together

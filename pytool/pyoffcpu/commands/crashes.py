@@ -14,7 +14,7 @@ its Python frames and the code objects they name.  Here:
   VmLib: a library loaded), because a process that dies without a core is
   gone before user space hears of it (the copy taken at the crash, when
   /proc still has it, wins);
-- each capture becomes `dump`'s report (targets/postmortem.py: the same
+- each capture becomes `dump`'s report (commands/postmortem.py: the same
   walkers, tables and labels as live stacks), written as text and JSON to
   `DIR/<host>/<YYYY-mm-dd>/<HHMMSS>-<pid>-<name>.crash.{txt,json}` under
   the snapshot directory's rules (commands/snapshot.py: a directory of
@@ -33,11 +33,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..collect import bpfdefs
+from ..kernel import bpfdefs
 from ..collect.platform import ProfilerError
 from ..targets import postmortem as PM
-from ..targets.procfs import uid_of
-from ..targets.procfs import cmdline, comm, read_text
+from ..kernel.procfs import uid_of
+from ..kernel.procfs import cmdline, comm, read_text
 from . import snapshot as S
 
 V = bpfdefs.value
@@ -84,7 +84,7 @@ class Watched:
 def _ident(pid: int) -> Optional[tuple]:
     """(executable, start time, stack start) of a process: a new value after
     an exec (the stack is placed anew) or a reused PID."""
-    from ..targets.procfs import stat_fields
+    from ..kernel.procfs import stat_fields
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:

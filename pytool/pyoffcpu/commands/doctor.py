@@ -72,7 +72,7 @@ def check_privileges() -> Check:
 def check_btf() -> Check:
     if not os.path.exists(P.BTF_PATH):
         return Check(FAIL, "kernel BTF", f"no {P.BTF_PATH}", "a kernel built with CONFIG_DEBUG_INFO_BTF=y")
-    from ..collect.btf import BtfError, member_offsets
+    from ..kernel.btf import BtfError, member_offsets
     try:
         member_offsets(P.BTF_PATH, [("task_struct", f) for f in ("thread.fsbase", "pid", "tgid")])
     except (BtfError, OSError) as e:
@@ -135,7 +135,7 @@ def check_bpf_load() -> Check:
     """A program of two instructions loaded and attached to sched_switch,
     then closed: BPF itself, the program type and the attach a recording
     makes (what lockdown, seccomp or a container's capabilities forbid)."""
-    from ..collect import bpfsys
+    from ..kernel import bpfsys
     try:
         fd, _ = bpfsys.prog_load(_RAW_TP, _RETURN_0, b"GPL", 0, "pyoffcpu_doctor")
     except OSError as e:
@@ -153,7 +153,7 @@ def check_bpf_load() -> Check:
 
 
 def check_perf_event() -> Check:
-    from ..collect import bpfsys
+    from ..kernel import bpfsys
     paranoid = _read("/proc/sys/kernel/perf_event_paranoid") or "?"
     try:
         fd = bpfsys.perf_event_open(1, 0, 0, 99, -1, bpfsys.online_cpus()[0], -1)   # software cpu-clock

@@ -29,7 +29,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-from ..targets.procfs import blocked_syscall, children_by_parent, comm, proc_state, read_text, stat_fields
+from ..kernel.procfs import blocked_syscall, children_by_parent, comm, proc_state, read_text, stat_fields
 
 SYS_FUTEX = 202
 STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible (disk)", "T": "stopped",
@@ -167,7 +167,7 @@ def dump_process(pid: int, native: bool = False, with_locals: bool = False) -> P
     """Everything above for one process (raises OSError when it is gone);
     with_locals: each Python frame's arguments and locals (frame_locals)."""
     from ..cpython import detect, walker
-    from ..targets.memory import MemoryError_, ProcessMemory
+    from ..kernel.memory import MemoryError_, ProcessMemory
     if not os.path.isdir(f"/proc/{pid}"):
         raise FileNotFoundError(f"no such process: {pid}")
     out = ProcessDump(pid, comm(pid))
@@ -295,7 +295,7 @@ def frame_labels(m: _Moment, tid: int, python: Optional[tuple], native: Optional
     """A thread's frames as record labels them, innermost first: its Python
     frames ((frames, truncated) or None) interleaved with its native ones
     ((pcs, NST_* flags) or None)."""
-    from ..collect.bpfdefs import PYS_TRUNCATED
+    from ..kernel.bpfdefs import PYS_TRUNCATED
     from ..collect.recording import NATIVE_ID_BASE, PyStack
     h = 0
     if python and m.reader is not None:     # frames BPF walked, with no interpreter to name them: left out
@@ -313,7 +313,7 @@ def frame_labels(m: _Moment, tid: int, python: Optional[tuple], native: Optional
 
 
 def _thread(m: _Moment, tid: int) -> ThreadDump:
-    from ..profile.reasons import syscall_name
+    from ..kernel.syscalls import syscall_name
     pid = m.pid
     letter = _stat_state(pid, tid)
     os_name = comm(pid, tid)

@@ -14,8 +14,8 @@ import os
 from typing import Dict, List, Optional
 
 from ..native.elfcache import open_regular_file
-from ..targets.procfs import read_text
-from ..targets.procfs import start_ticks
+from ..kernel.procfs import read_text
+from ..kernel.procfs import start_ticks
 
 MAX_SOURCE_BYTES = 8 << 20      # a source file read for its line at most
 MAX_LINE_SHOWN = 200

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..collect.platform import ProfilerError
-from ..targets.procfs import cmdline, comm, read_text
+from ..kernel.procfs import cmdline, comm, read_text
 
 INDEX = "index.json"
 LOCK = ".lock"

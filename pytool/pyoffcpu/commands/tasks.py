@@ -8,7 +8,7 @@ from typing import Dict, List
 
 from ..cpython import asyncio_tasks as A
 from ..profile.model import PathShortener
-from ..targets.procfs import comm
+from ..kernel.procfs import comm
 
 
 def task_graph(snap: A.Snapshot) -> Dict[int, List[int]]:

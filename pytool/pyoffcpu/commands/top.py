@@ -66,7 +66,7 @@ class Live:
         folds into its group: its keys move, their time does not).  Sampled
         waits (--off-cpu sampled) split what each thread's short waits added
         in the interval over the stacks sampled in it (profile/waits.py)."""
-        from ..collect import bpfdefs
+        from ..kernel import bpfdefs
         from ..profile import waits
         now = time.monotonic()
         w = Window(seconds=now - self.prev_t)
@@ -98,7 +98,7 @@ class Live:
 
 
 def _state(pid: int, tid: int) -> str:
-    from ..targets.procfs import proc_state
+    from ..kernel.procfs import proc_state
     return proc_state(f"/proc/{pid}/task/{tid}/stat") or "-"
 
 

@@ -30,7 +30,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from ..native import symbols
 from ..native.elfcache import open_regular_file
 from ..native.elffile import _Headers
-from ..targets.memory import MemoryError_, ProcessMemory
+from ..kernel.memory import MemoryError_, ProcessMemory
 from . import walker
 from .asyncio_table import LAYOUTS
 from .code import CodeReader

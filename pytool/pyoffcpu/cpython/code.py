@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from ..targets.memory import MemoryError_, ProcessMemory
+from ..kernel.memory import MemoryError_, ProcessMemory
 from . import linetable
 
 MAX_STR = 1024

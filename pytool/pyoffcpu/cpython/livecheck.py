@@ -26,8 +26,10 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Set
 
-from ..targets.memory import MemoryError_
-from ..targets.procfs import ns_id
+from ..kernel.memory import MemoryError_
+from ..kernel.procfs import ns_id
+from .process import iter_thread_states
+from .walker import walk_frames
 
 MAX_INTERPRETERS = 64
 MAX_THREADS = 256
@@ -63,18 +65,16 @@ class _Types:
 def check(pp, mem) -> str:
     """'' when the layout of `pp` holds on its live process, else the first
     check that failed, in words."""
-    from .detect import iter_thread_states  # detect imports us; the walker imports detect
-    from .walker import walk_frames
     o = pp.offsets
     try:
-        return _check(pp, mem, o, iter_thread_states, walk_frames)
+        return _check(pp, mem, o)
     except MemoryError_ as e:
         return f"a read failed ({e})"
     except (KeyError, ValueError) as e:
         return f"a value is missing or implausible ({e})"
 
 
-def _check(pp, mem, o, iter_thread_states, walk_frames) -> str:
+def _check(pp, mem, o) -> str:
     if not pp.tstate_found:
         return "no thread's PyThreadState is where the layout says"
     tids = namespace_tids(pp.pid)

@@ -13,7 +13,7 @@ import math
 import struct
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from ..targets.memory import MemoryError_
+from ..kernel.memory import MemoryError_
 from .code import CodeReader
 from .object_table import LAYOUTS
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from typing import Dict
 
-from ..targets.memory import MemoryError_
+from ..kernel.memory import MemoryError_
 from . import walker
 from .detect import iter_thread_states
 from .objects import ObjectError, ObjectReader, layout_for

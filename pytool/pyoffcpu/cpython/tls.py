@@ -39,7 +39,7 @@ import re
 import struct
 from typing import Callable, List, Optional, Tuple
 
-from ..targets.memory import MemoryError_
+from ..kernel.memory import MemoryError_
 
 CODE_BYTES = 64                 # of the function read: all three shapes fit
 TLS_DTV_UNALLOCATED = (1 << 64) - 1

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..collect.bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
-from ..collect.bpfdefs import PYF_ENTRY
-from ..targets.memory import MemoryError_, ProcessMemory
-from .detect import PythonProcess, iter_thread_states
+from ..kernel.bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
+from ..kernel.bpfdefs import PYF_ENTRY
+from ..kernel.memory import MemoryError_, ProcessMemory
+from .process import PythonProcess, iter_thread_states
 
 MAX_THREADS = 4096
 MAX_INTERPRETERS = 256           # sub-interpreters walked at most

@@ -10,7 +10,7 @@ symbolizer maps it and binary-searches it, and decodes a name only when an
 address asks for it.
 
 The index holds, in address order, every function (start, end, name: one
-name per address, chosen as ``symbols._function_table`` chooses it) and
+name per address, chosen as ``functable.function_table`` chooses it) and
 every FDE range of ``.eh_frame``: code that no symbol covers (a stripped
 library's static functions) is still known to be one function, named by
 the start of its FDE.
@@ -27,7 +27,7 @@ Format (little-endian; ``SymbolIndex`` checks every offset it reads)::
     names: names_size bytes, the raw symbol names one after another
 
 Without the helper binary (no compiler at install) ``build_bytes`` makes the
-same bytes in Python from ``symbols._function_table`` and ``fde_ranges``.
+same bytes in Python from ``functable.function_table`` and ``fde_ranges``.
 
 Over 600 lines and one job: the index's format, its reader, its two
 builders (the helper and the Python fallback, which must give the same
@@ -371,10 +371,10 @@ def eh_frame_of(image, read) -> Tuple[bytes, int]:
 def build_bytes(sources: Sequence, eh_frame: bytes = b"", eh_frame_addr: int = 0) -> bytes:
     """The index the helper makes, in Python: the functions of
     ``sources`` (ElfFiles with their symbols loaded: the file, then its
-    debug file) by ``symbols._function_table``, and the FDEs of the file's
+    debug file) by ``functable.function_table``, and the FDEs of the file's
     .eh_frame."""
-    from .symbols import _function_table
-    starts, ends, names = _function_table(sources)
+    from .functable import function_table
+    starts, ends, names = function_table(sources)
     raw = [n.encode("utf-8", "surrogateescape") for n in names]
     return serialize(starts, ends, raw, fde_ranges(eh_frame, eh_frame_addr) if eh_frame else [])
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from . import model as P
-from ..collect import bpfdefs
-from ..collect.bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
+from ..kernel import bpfdefs
+from ..kernel.bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
 from . import reasons, waits
 from ..collect.recording import NO_STACK, SHORT_WAITS, UNSAMPLED, Recording
 from ..native.symbols import JIT_FRAME

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from ..collect import bpfdefs
+from ..kernel import bpfdefs
 from ..collect.recording import SHORT_WAITS, accumulate
 
 KIND_SAMPLED = bpfdefs.value("KIND_SAMPLED")

@@ -1,4 +1,4 @@
 """The processes being profiled: each one's life (found, registered in BPF,
-exec, fork, exit: processes), what /proc says of them (procfs), their
-memory (memory) and their C library's thread layout (libc).
+exec, fork, exit: processes; procinfo: the registration; selection: which
+ones -a takes), and a dead one's memory and threads (corefile).
 """

@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .memory import MemoryError_, WordReads, readable_range
+from ..kernel.memory import MemoryError_, WordReads, readable_range
 
 ET_CORE = 4
 EM_X86_64 = 62

@@ -32,12 +32,12 @@ import struct
 import time
 from typing import Callable, Dict, Iterator, List, Optional
 
-from ..collect import bpfdefs
+from ..kernel import bpfdefs
 from ..native import symbols
 from ..cpython import detect
 from ..cpython.code import CodeReader
-from .memory import MemoryError_, ProcessMemory
-from .procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, start_ticks
+from ..kernel.memory import MemoryError_, ProcessMemory
+from ..kernel.procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, start_ticks
 from .procinfo import fill_proc_info
 from .selection import Select
 
@@ -250,7 +250,7 @@ class Targets:
         """Every thread of the targets gets its entry in `threads` before the
         start (BPF keeps their exact times); sched_process_fork adds the ones
         started from now on.  Entries BPF made already are kept."""
-        from ..collect.bpfsys import BPF_NOEXIST, update_elem
+        from ..kernel.bpfsys import BPF_NOEXIST, update_elem
         table = self.bpf["threads"]
         for tgt in self:
             try:

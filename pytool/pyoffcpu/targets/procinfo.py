@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 from typing import Optional, Tuple
 
-from ..collect import bpfdefs
+from ..kernel import bpfdefs
 from ..cpython import detect
 
 

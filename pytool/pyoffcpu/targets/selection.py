@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .procfs import cmdline, uid_of
+from ..kernel.procfs import cmdline, uid_of
 
 
 class Select:

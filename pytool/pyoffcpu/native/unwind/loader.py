@@ -39,7 +39,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from .. import symbols
 from ..elfcache import ElfCache, default_cache
 from ..elffile import load_bias
-from ...collect.bpfdefs import MAX_UNWIND_MAPS, UNWIND_FILE_PENDING
+from ...kernel.bpfdefs import MAX_UNWIND_MAPS, UNWIND_FILE_PENDING
 from . import build as B
 from . import table as T
 from . import walk
@@ -59,7 +59,7 @@ def cflags(btf_path: Optional[str] = None) -> List[str]:
     off = ["-DNATIVE_UNWIND=0"]
     if not enabled():
         return off
-    from ...collect.btf import VMLINUX_BTF, BtfError, member_offsets
+    from ...kernel.btf import VMLINUX_BTF, BtfError, member_offsets
     fields = ("ip", "sp", "bp", "bx", "cs")
     try:
         offs = dict(zip(fields, member_offsets(btf_path or VMLINUX_BTF,
@@ -78,7 +78,7 @@ def tables_on(flags: List[str]) -> bool:
 def program_specs(perf: bool = True, switch: bool = True, wake: bool = False) -> List[Tuple[str, int]]:
     """(function, BPF program type) of the finishing programs load_programs
     loads (the session has them loaded with the main programs, in parallel)."""
-    from ...collect.bpfsys import PERF_EVENT, RAW_TRACEPOINT
+    from ...kernel.bpfsys import PERF_EVENT, RAW_TRACEPOINT
     # tail calls stay within one program type: sched_switch and sched_waking
     # are raw tracepoints
     return ([("unwind_perf", PERF_EVENT)] if perf else []) + (
@@ -246,7 +246,7 @@ class NativeUnwinder(WalkedStacks):
 
     def _array_of(self, t: T.UnwindTable, loaded: _Loaded) -> int:
         """A new BPF array holding the table (page index, rows); its fd."""
-        from ...collect.bpfsys import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
+        from ...kernel.bpfsys import BPF_F_INNER_MAP, BPF_F_MMAPABLE, create_array
         index = array.array("I", bytes(8 * (t.npages + 1)))
         index[0::2] = t.pages
         head = index.tobytes()
@@ -267,7 +267,7 @@ class NativeUnwinder(WalkedStacks):
     def _load_many(self, items: List[Tuple[tuple, Optional[T.UnwindTable]]]) -> None:
         """Tables into the kernel, their slots set in one batched update
         (one wait for the programs, not one per slot)."""
-        from ...collect.bpfsys import update_batch
+        from ...kernel.bpfsys import update_batch
         staged = []                     # (key, loaded, fd)
         for key, t in items:
             name = self._names.get(key, "?")

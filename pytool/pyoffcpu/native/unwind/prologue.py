@@ -55,7 +55,7 @@ import bisect
 import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from ...collect import bpfdefs
+from ...kernel import bpfdefs
 from ..elffile import MAX_CODE_SECTION_BYTES, section_bytes
 
 UR_DERIVED = bpfdefs.value("UR_DERIVED")

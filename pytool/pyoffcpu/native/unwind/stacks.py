@@ -9,8 +9,8 @@ import ctypes
 import struct
 from typing import List, Optional, Tuple
 
-from ...collect import bpfdefs
-from ...collect.bpfdefs import MAX_NATIVE_DEPTH
+from ...kernel import bpfdefs
+from ...kernel.bpfdefs import MAX_NATIVE_DEPTH
 
 
 class WalkedStacks:

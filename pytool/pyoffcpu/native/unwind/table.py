@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Tuple
 
-from ...collect import bpfdefs
+from ...kernel import bpfdefs
 from ... import cachedir
 from ..elfcache import STAT_SETTLED_NS
 from ..elffile import section_bytes

@@ -10,13 +10,13 @@ import os
 import struct
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from ...targets.memory import readable_range
-from ...targets.procfs import blocked_syscall
+from ...kernel.memory import readable_range
+from ...kernel.procfs import blocked_syscall
 from . import table as T
 
-from ...collect.bpfdefs import MAX_NATIVE_DEPTH as MAX_DEPTH
-from ...collect.bpfdefs import METHOD_FP, METHOD_PROLOGUE, METHOD_TABLE, METHODS, with_methods
-from ...collect.bpfdefs import (NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PENDING, NST_PROLOGUE,
+from ...kernel.bpfdefs import MAX_NATIVE_DEPTH as MAX_DEPTH
+from ...kernel.bpfdefs import METHOD_FP, METHOD_PROLOGUE, METHOD_TABLE, METHODS, with_methods
+from ...kernel.bpfdefs import (NST_FRAMEPOINTER, NST_INCOMPLETE, NST_PENDING, NST_PROLOGUE,
                                 NST_TRUNCATED, NST_UNMAPPED)
 
 # (start, end, runtime address of table pc 0, table) per executable mapping;

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .memory import MemoryError_
+from ..kernel.memory import MemoryError_
 
 # si_code values (include/uapi/asm-generic/siginfo.h)
 _CODES = {
@@ -109,9 +109,9 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
     left without a path by the caller); pp: its PythonProcess (None: not
     Python, python_note says why); pid: the number it had (nothing under
     /proc is looked at: it may be another process's by now)."""
-    from ..commands import dump as D
+    from . import dump as D
     from ..cpython import walker
-    from ..profile.reasons import syscall_name
+    from ..kernel.syscalls import syscall_name
 
     out = D.ProcessDump(pid, comm)
     out.notes.extend(notes)
@@ -156,7 +156,7 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
             except MemoryError_:
                 frames = None
             if frames is not None and with_locals:
-                from ..commands.locals import frame_locals
+                from .locals import frame_locals
                 m.stacks[t.tid], m.frame_addresses[t.tid] = frames, addresses
                 d.locals = frame_locals(m, t.tid)
         d.python = frames is not None or t.tid in states
@@ -182,7 +182,7 @@ def bare(pid: int, comm: str, threads: List[DeadThread], fatal: Optional[Fatal],
     captured, unnamed (registers, the kernel's frames), and a note naming
     what failed.  Touches nothing but its arguments: it cannot fail on the
     process's memory, files or interpreter."""
-    from ..commands import dump as D
+    from . import dump as D
     out = D.ProcessDump(pid, comm)
     out.notes.extend(notes)
     out.notes.append(f"the report could not be built in full ({failure}): what was captured follows")

@@ -8,10 +8,8 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import struct
-from typing import TYPE_CHECKING, List, Tuple
+from typing import List, Tuple
 
-if TYPE_CHECKING:                       # the annotations' type only: no import cycle
-    from .bpfload import Program
 
 
 
@@ -208,7 +206,7 @@ def possible_cpus() -> List[int]:
 
 
 class Function:
-    def __init__(self, bpf: "Program", name: bytes, fd: int, log: str = ""):
+    def __init__(self, bpf, name: bytes, fd: int, log: str = ""):     # bpf: collect.bpfload.Program
         self.bpf = bpf
         self.name = name
         self.fd = fd

@@ -399,16 +399,16 @@ def member_offsets(path: str, members, cache_dir: str | None = "default") -> lis
     member_offset do."""
     import json
     import os
-    from . import progcache
+    from .. import cachedir
     try:
-        digest = progcache.file_sha256(path)
+        digest = cachedir.file_sha256(path)
     except OSError as e:
         raise BtfError(f"cannot read BTF from {path}: {e}") from e
     known = _OFFSETS.setdefault(digest, {})
     names = [f"{st}:{m}" for st, m in members]
-    directory = progcache.default_cache_dir() if cache_dir == "default" else cache_dir
+    directory = cachedir.cache_dir("bpf") if cache_dir == "default" else cache_dir
     file = os.path.join(directory, f"btf-{digest}.json") if directory else None
-    if file and not progcache.safe_dir(directory):
+    if file and not cachedir.safe_dir(directory):
         file = None                         # offsets steer BPF's reads: only from our own directory
     if file and not all(n in known for n in names):
         try:

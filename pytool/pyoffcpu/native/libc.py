@@ -24,7 +24,7 @@ from typing import List, Optional, Tuple
 
 from ..native import symbols
 from ..native.elfcache import default_cache
-from .memory import MemoryError_
+from ..kernel.memory import MemoryError_
 
 KEY_BLOCK = 32                  # PTHREAD_KEY_2NDLEVEL_SIZE: keys in specific_1stblock
 KEY_DATA_SIZE = 16              # struct pthread_key_data { uintptr_t seq; void *data; }

@@ -1,0 +1,81 @@
+"""A Python process as pyoffcpu knows it once detect.py has found its
+interpreter (PythonProcess: its version, _PyRuntime, offsets, how its
+threads find their PyThreadState), and the walk of its interpreters' thread
+lists that the frame walker, the live check and the thread names share."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from ..native import libc
+
+
+@dataclass(frozen=True)
+class GilLayout:
+    """Where BPF reads a process's GIL state (struct _gil_runtime_state):
+    3.7-3.11 one GIL at `addr` (in _PyRuntime); 3.12+ the one each thread's
+    interpreter points to (tstate->interp->ceval.gil).  `holder`: offset of
+    last_holder in it, `locked` (an int) 8 bytes after."""
+    addr: int                   # <= 3.11; 0 for 3.12+
+    interp_ceval_gil: int       # 3.12+: offsetof(PyInterpreterState, ceval.gil); -1
+    holder: int
+
+
+@dataclass
+class PythonProcess:
+    pid: int
+    version: Tuple[int, int, int]           # (3, 11, 7)
+    binary: str                             # file holding _PyRuntime
+    runtime: int                            # &_PyRuntime in the target
+    offsets: Dict[str, int]
+    tss_key: int = -1                       # autoTSSkey's pthread key, -1 until known, -2 unusable
+    tstate_tls: Optional[int] = None        # 3.15+: _Py_tss_gilstate's distance from the
+                                            # thread pointer (tls.py), None until known
+    gilstate_func: int = 0                  # &PyGILState_GetThisThreadState (3.15+: tls.py)
+    code_type: int = 0                      # &PyCode_Type
+    notices: List[str] = field(default_factory=list)
+    debug_offsets: bool = False             # offsets include the target's _Py_DebugOffsets
+    from_source: bool = False               # the table's values were not compiled (3.14)
+    free_threaded: bool = False             # Py_GIL_DISABLED (3.13+: _Py_DebugOffsets says)
+    debug_build: bool = False               # Py_DEBUG / Py_REF_DEBUG (3.13+)
+    thread_layout: libc.ThreadLayout = libc.GLIBC_236   # its libc's struct pthread
+    gil: Optional[GilLayout] = None         # where BPF reads its GIL (None: it does not)
+    gil_checked: bool = False               # gil_layout() ran on the live process
+
+    @property
+    def minor(self) -> Tuple[int, int]:
+        return self.version[:2]
+
+    @property
+    def tstate_found(self) -> bool:
+        """Does BPF know where each thread keeps its PyThreadState?"""
+        return self.tss_key >= 0 or self.tstate_tls is not None
+
+    @property
+    def version_str(self) -> str:
+        """3.11.7; 3.13.15 free-threaded; 3.14.8 debug."""
+        words = [w for w, on in (("free-threaded", self.free_threaded),
+                                 ("debug", self.debug_build)) if on]
+        return " ".join(["%d.%d.%d" % self.version] + words)
+
+
+def iter_thread_states(pp: PythonProcess, mem, max_states: int,
+                       max_interps: int) -> Iterator[Tuple[int, int]]:
+    """(interpreter, PyThreadState) of every interpreter's thread list, at
+    most `max_states` states over at most `max_interps` interpreters.  The
+    lists are the target's memory: a node met twice (a cycle) ends its
+    list, whatever `next` says.  Reads that fail raise MemoryError_."""
+    o = pp.offsets
+    states = 0
+    interps: set = set()
+    interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
+    while interp and states < max_states and interp not in interps and len(interps) < max_interps:
+        interps.add(interp)
+        ts = mem.u64(interp + o["interp_threads_head"])
+        seen: set = set()
+        while ts and states < max_states and ts not in seen:
+            seen.add(ts)
+            states += 1
+            yield interp, ts
+            ts = mem.u64(ts + o["tstate_next"])
+        interp = mem.u64(interp + o["interp_next"])
