@@ -15,7 +15,7 @@ import stat
 from typing import Dict, List, Optional, Tuple
 
 from ..targets import corefile as C
-from ..targets import postmortem as PM
+from . import postmortem as PM
 
 SIGSTOP = int(signal.SIGSTOP)
 

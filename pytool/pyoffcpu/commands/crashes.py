@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..kernel import bpfdefs
 from ..collect.platform import ProfilerError
-from ..targets import postmortem as PM
+from . import postmortem as PM
 from ..kernel.procfs import uid_of
 from ..kernel.procfs import cmdline, comm, read_text
 from . import snapshot as S

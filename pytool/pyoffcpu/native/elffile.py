@@ -117,7 +117,7 @@ def _decode_symbols(data: bytes, strtab: bytes, little: bool, elfclass: int
 
     Names are decoded with "surrogateescape": each str stands for exactly
     its raw bytes (``name.encode("utf-8", "surrogateescape")``), so what is
-    ranked or indexed by name (symbols._function_table, symindex) is the
+    ranked or indexed by name (functable.function_table, symindex) is the
     bytes, as in the compiled helper."""
     fmt = ("<" if little else ">") + ("IBBHQQ" if elfclass == 64 else "IIIBBH")
     out = []

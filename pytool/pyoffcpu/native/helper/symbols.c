@@ -12,7 +12,7 @@
  *   u64 fde_ends[nfdes]
  *   names_size bytes: the names blob (raw symbol names, no separators)
  *
- * Which symbols and which name win is symbols._function_table's rule, which
+ * Which symbols and which name win is functable.function_table's rule, which
  * this reproduces on the raw bytes of the names (symindex.py builds the
  * same bytes in Python where this binary is missing; tests compare both):
  *
