@@ -39,7 +39,15 @@ Ctrl-C, SIGTERM, -d running out and the target exiting all write the profile.
 
 
 class DefaultToRecord(click.Group):
-    """`pyoffcpu -p 1` means `pyoffcpu record -p 1`."""
+    """`pyoffcpu -p 1` means `pyoffcpu record -p 1`; and the one place a
+    ProfilerError (an error the user can act on) becomes its line and exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ProfilerError as e:
+            echo(e.line(), err=True)
+            sys.exit(1)
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
@@ -207,12 +215,8 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
                    tables_first=tables_first or tables_first_env())
     if offcpu == "exact" or os.environ.get("PYOFFCPU_OFFCPU") != "shadow":
         opts.offcpu = offcpu        # (tests: PYOFFCPU_OFFCPU=shadow stands in for the default)
-    try:
-        from .commands.record import record as run_record
-        run_record(opts, output, fmt, not no_threads, full_paths, only_reasons)
-    except ProfilerError as e:
-        echo(e.line(), err=True)
-        sys.exit(1)
+    from .commands.record import record as run_record
+    run_record(opts, output, fmt, not no_threads, full_paths, only_reasons)
 
 
 SNAPSHOT_EPILOG = """\b
@@ -392,10 +396,7 @@ def crashes(directory, all_, match, uid, keep_days, max_total_mb, rescan, count,
         except re.error as e:
             raise click.BadParameter(f"not a regular expression: {e}", param_hint="--match")
     if list_:
-        try:
-            rows = K.entries(directory)
-        except ProfilerError as e:
-            fail(e.what, e.todo)
+        rows = K.entries(directory)
         for path, e in rows:
             import time as _t
             f = e.get("signal") or {}
@@ -414,10 +415,7 @@ def crashes(directory, all_, match, uid, keep_days, max_total_mb, rescan, count,
         echo(K.service_text(argv), nl=False)
         return
     from .collect.platform import check_privileges
-    try:
-        check_privileges()
-    except ProfilerError as e:
-        fail(e.what, e.todo)
+    check_privileges()
     opts = K.CrashOptions(os.path.abspath(directory), all_, match, uid, keep_days, max_total_mb,
                           rescan, count, duration, verbose)
 
@@ -433,8 +431,6 @@ def crashes(directory, all_, match, uid, keep_days, max_total_mb, rescan, count,
     except Locked as e:
         echo(e.line().replace("another snapshot", "another watcher"), err=True)
         sys.exit(EXIT_LOCKED)
-    except ProfilerError as e:
-        fail(e.what, e.todo)
     except OSError as e:
         fail(f"cannot use {directory}: {e.strerror or e}")
 
@@ -458,8 +454,6 @@ def report(directory, output):
         base = os.path.relpath(os.path.abspath(directory), os.path.dirname(os.path.abspath(output)))
         page = render_report(directory, "" if base == "." else base)
         write_bytes_atomic(output, page.encode("utf-8"))
-    except ProfilerError as e:
-        fail(e.what, e.todo)
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror or e}")
     echo(f"pyoffcpu: wrote {output}", err=True)
@@ -532,10 +526,7 @@ def dump(pid, core, exe, root, native, with_locals, as_json, subprocesses, async
         fail("dump needs -p PID or --core FILE", "see pyoffcpu dump --help")
     if exe or root:
         fail("--exe and --root go with --core")
-    try:
-        check_privileges()
-    except ProfilerError as e:
-        fail(e.what, e.todo)
+    check_privileges()
     if not os.path.isdir(f"/proc/{pid}"):
         fail(f"no such process: {pid}", "check the PID with `ps`")
     if async_tasks:
@@ -612,11 +603,8 @@ def top(pids, all_, mode, frequency, once):
     for pid in pids:
         if not os.path.isdir(f"/proc/{pid}"):
             fail(f"no such process: {pid}", "check the PID with `ps`")
-    try:
-        session = Session(Options(pids=list(pids), system_wide=all_, mode=mode, frequency=frequency),
-                          plat.probe())
-    except ProfilerError as e:
-        fail(e.what, e.todo)
+    session = Session(Options(pids=list(pids), system_wide=all_, mode=mode, frequency=frequency),
+                      plat.probe())
     if all_:
         title = "pyoffcpu top: every process"
     else:
@@ -627,22 +615,19 @@ def top(pids, all_, mode, frequency, once):
     def on_signal(signum, frame):
         session.request_stop(signal.Signals(signum).name)
     signal.signal(signal.SIGTERM, on_signal)
-    try:
-        if once:
-            signal.signal(signal.SIGINT, on_signal)
-            why, screen = T.run(session, title, once=True, multi=all_ or len(pids) > 1)
-            echo("\n".join(screen))
-            return
-        import curses
+    if once:
+        signal.signal(signal.SIGINT, on_signal)
+        why, screen = T.run(session, title, once=True, multi=all_ or len(pids) > 1)
+        echo("\n".join(screen))
+        return
+    import curses
 
-        def main_loop(stdscr):
-            curses.curs_set(0)
-            stdscr.nodelay(True)
-            signal.signal(signal.SIGINT, on_signal)
-            return T.run(session, title, stdscr=stdscr, multi=all_ or len(pids) > 1)
-        why, screen = curses.wrapper(main_loop)
-    except ProfilerError as e:
-        fail(e.what, e.todo)
+    def main_loop(stdscr):
+        curses.curs_set(0)
+        stdscr.nodelay(True)
+        signal.signal(signal.SIGINT, on_signal)
+        return T.run(session, title, stdscr=stdscr, multi=all_ or len(pids) > 1)
+    why, screen = curses.wrapper(main_loop)
     if why not in ("quit", "SIGINT", "SIGTERM"):
         echo("\n".join(screen))
         echo(f"pyoffcpu top: {why}", err=True)
