@@ -1,5 +1,6 @@
-"""Exporters: a Profile into a flame graph SVG, speedscope JSON, folded text
-or pprof (gzipped profile.proto).
+"""Exporters: a Profile into a flame graph SVG (svg), speedscope JSON
+(speedscope), folded text (folded) or pprof (pprof: gzipped profile.proto),
+and two profiles compared (diff).
 
 `write_profile` renders and writes atomically: a temporary file in the
 destination directory, fsync, then os.replace, so a reader never sees a

@@ -1,4 +1,5 @@
 """From a Recording to a profile: the model every exporter reads (model),
 native and Python frames interleaved (merge), why each wait waited
-(reasons), and the summary printed at the end (summary).
+(reasons), the sampled waits' weights (waits), and the summary printed at
+the end (summary).
 """
