@@ -58,7 +58,7 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
     # start that waits for them starts later (docs/overhead.md)
     from ..export import write_profile_or_fallback
     from ..profile.merge import build_profile
-    from ..profile.summary import render_summary
+    from ..profile.summary import recording_notes, render_summary
     ksyms = symbols.KernelSymbols.load() if opts.kernel else None
     prof, stats = build_profile(rec, symbols.Symbolizer(), ksyms)
     if only_reasons is not None:
@@ -92,43 +92,8 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
                f"{samples} samples, {blocked / 1e9:.2f} s off-CPU"
                + ("; the process exited" if session.stop_reason == "target exited" and not opts.command else ""),
                err=True)
-    drops = {k: v for k, v in rec.drops.items() if v}
-    if drops:
-        def lost(k):
-            ns = rec.drops_ns.get(k, 0)
-            return f" ({ns / 1e6:.1f} ms)" if ns else ""
-        echo("pyoffcpu: drops: " + ", ".join(f"{k} {v}{lost(k)}" for k, v in sorted(drops.items())),
-                   err=True)
-    else:
-        echo("pyoffcpu: drops: none", err=True)
-    n_out, ns_out = rec.block_filtered
-    if opts.min_block_ns or opts.max_block_ns:
-        echo(f"pyoffcpu: {n_out} waits ({ns_out / 1e9:.2f} s) outside --min-block-us/"
-                   "--max-block-us left out", err=True)
-    if stats.python_ns:
-        echo(f"pyoffcpu: native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
-                   "of the Python time (native frames above the interpreter only)", err=True)
-    if stats.pending_ns and stats.native_ns:
-        libs = sorted(stats.pending_libs.items(), key=lambda kv: -kv[1])
-        named = ", ".join(f"{name} {ns / 1e9:.2f} s" for name, ns in libs[:3]) + (", ..." if len(libs) > 3 else "")
-        echo(f"pyoffcpu: native table not ready: {stats.pending_ns / 1e9:.2f} s "
-                   f"({100 * stats.pending_ns / stats.native_ns:.1f}% of the native-stack time) stopped at a "
-                   f"library whose unwind table was still being made ({named}); "
-                   "those stacks start with [native table not ready]", err=True)
-    if stats.jit_ns and stats.native_ns:
-        echo(f"pyoffcpu: native stacks that end in code made at run time ([jit]): {stats.jit_ns / 1e9:.2f} s "
-                   f"({100 * stats.jit_ns / stats.native_ns:.1f}% of the native-stack time); nothing says "
-                   "where its frames are, so the walk stops there and its Python frames stay", err=True)
-    if stats.prologue_ns or stats.framepointer_ns:
-        share = lambda ns: f"{100 * ns / stats.native_ns:.0f}%" if stats.native_ns else "0%"   # noqa: E731
-        echo(f"pyoffcpu: native stacks through code without CFI: {share(stats.prologue_ns)} of the "
-                   f"time needed rows from prologue analysis, {share(stats.framepointer_ns)} frame pointers",
-                   err=True)
-        frames = sum(stats.method_frame_ns.values())
-        if frames:
-            by = ", ".join(f"{label} {100 * stats.method_frame_ns.get(name, 0) / frames:.1f}%" for name, label in
-                           (("cfi", "CFI"), ("prologue", "prologue analysis"), ("frame pointer", "frame pointers")))
-            echo(f"pyoffcpu: native frames by how they were found (weighted by time): {by}", err=True)
+    for line in recording_notes(rec, stats):
+        echo(f"pyoffcpu: {line}", err=True)
     echo(render_summary(prof), err=True)
     if write_error is None:
         echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)

@@ -492,7 +492,7 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
     from ..profile.merge import build_profile
     from ..collect.recording import Options
     from ..collect.session import Session
-    from ..profile.summary import top_functions
+    from ..profile.summary import recording_notes, top_functions
 
     session = Session(Options(pids=[t.pid for t in targets], duration=opts.duration,
                               frequency=opts.frequency, mode=opts.mode), plat.probe())
@@ -505,7 +505,9 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    prof, _stats = build_profile(rec, symbols.Symbolizer())
+    prof, stats = build_profile(rec, symbols.Symbolizer())
+    # what the recording lost or could not do, as record says it (kept with every entry)
+    notes = [n for n in recording_notes(rec, stats) if n != "drops: none"]
     stamp = time.localtime(rec.start_time or time.time())
     day = os.path.join(opts.host, time.strftime("%Y-%m-%d", stamp))
     make_day_dirs(opts.dir, day)
@@ -551,7 +553,7 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
             "threads": len({k.tid for k in part.weights}),
             "top": [{"where": w, "ns": ns, "on_cpu_ns": o} for w, ns, o in top_functions(part, TOP_FUNCTIONS)],
             "gpu": t.gpu, "files": files,
-            "notices": [n for n in rec.notices if f"process {t.pid}" in n][:10],
+            "notices": ([n for n in rec.notices if f"process {t.pid}" in n] + notes)[:10],
         }
         index["entries"].append(entry)
         written.append(entry)

@@ -374,3 +374,46 @@ def render_summary(prof: Profile, top: int = 10) -> str:
             lines.append(f"  {100 * ns / total:6.1f}%  {fmt_s(ns):>9}  (on-CPU {100 * on / max(ns, 1):3.0f}%)  {label}")
     lines.extend(symbol_hints(prof))
     return "\n".join(lines)
+
+
+def recording_notes(rec, stats) -> List[str]:
+    """What a recording lost or could not do, one line each: its drops, the
+    waits --min/--max-block-us left out, and how the native stacks were
+    found (merge's MergeStats).  record prints them; snapshot keeps them."""
+    out: List[str] = []
+    drops = {k: v for k, v in rec.drops.items() if v}
+    if drops:
+        def lost(k):
+            ns = rec.drops_ns.get(k, 0)
+            return f" ({ns / 1e6:.1f} ms)" if ns else ""
+        out.append("drops: " + ", ".join(f"{k} {v}{lost(k)}" for k, v in sorted(drops.items())))
+    else:
+        out.append("drops: none")
+    n_out, ns_out = rec.block_filtered
+    if rec.options.min_block_ns or rec.options.max_block_ns:
+        out.append(f"{n_out} waits ({ns_out / 1e9:.2f} s) outside --min-block-us/"
+                   "--max-block-us left out")
+    if stats.python_ns:
+        out.append(f"native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
+                   "of the Python time (native frames above the interpreter only)")
+    if stats.pending_ns and stats.native_ns:
+        libs = sorted(stats.pending_libs.items(), key=lambda kv: -kv[1])
+        named = ", ".join(f"{name} {ns / 1e9:.2f} s" for name, ns in libs[:3]) + (", ..." if len(libs) > 3 else "")
+        out.append(f"native table not ready: {stats.pending_ns / 1e9:.2f} s "
+                   f"({100 * stats.pending_ns / stats.native_ns:.1f}% of the native-stack time) stopped at a "
+                   f"library whose unwind table was still being made ({named}); "
+                   "those stacks start with [native table not ready]")
+    if stats.jit_ns and stats.native_ns:
+        out.append(f"native stacks that end in code made at run time ([jit]): {stats.jit_ns / 1e9:.2f} s "
+                   f"({100 * stats.jit_ns / stats.native_ns:.1f}% of the native-stack time); nothing says "
+                   "where its frames are, so the walk stops there and its Python frames stay")
+    if stats.prologue_ns or stats.framepointer_ns:
+        share = lambda ns: f"{100 * ns / stats.native_ns:.0f}%" if stats.native_ns else "0%"   # noqa: E731
+        out.append(f"native stacks through code without CFI: {share(stats.prologue_ns)} of the "
+                   f"time needed rows from prologue analysis, {share(stats.framepointer_ns)} frame pointers")
+        frames = sum(stats.method_frame_ns.values())
+        if frames:
+            by = ", ".join(f"{label} {100 * stats.method_frame_ns.get(name, 0) / frames:.1f}%" for name, label in
+                           (("cfi", "CFI"), ("prologue", "prologue analysis"), ("frame pointer", "frame pointers")))
+            out.append(f"native frames by how they were found (weighted by time): {by}")
+    return out
