@@ -11,6 +11,7 @@ Python frames they blocked with are read and handed to BPF (fix_blocked)."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Dict
 
 from ..kernel import bpfdefs
@@ -20,6 +21,8 @@ from .maps import items
 from .recording import NATIVE_ID_BASE, NO_STACK, PyStack
 from ..cpython import walker
 from ..kernel import syscalls
+
+TABLES_EVERY_S = 0.1             # reading threads at the start: tables loaded this often
 from ..kernel.procfs import blocked_syscall, ns_id, proc_state
 
 
@@ -31,6 +34,7 @@ class BlockedThreads:
         self.s = session
         self.fixes: Dict[int, tuple] = {}       # tid -> (ts, Python stack hash) (fix_blocked)
         self.captured: Dict[int, tuple] = {}    # ustack id -> (pid, capture) to walk (native_now)
+        self._tables_at = time.monotonic()
 
     def capture(self):
         """The stacks of the targets' threads that are blocked at the start,
@@ -49,6 +53,16 @@ class BlockedThreads:
                 pyhash = self.keep_pystack(tgt, tid, frames, truncated) if frames else 0
                 self.s.accounts.initial[tid] = (pid, pyhash, state_kind(pid, tid),
                                       self.native_now(pid, tid))
+                self._tables_meanwhile()
+
+    def _tables_meanwhile(self):
+        """The unwind tables built meanwhile go into the kernel every
+        TABLES_EVERY_S: reading thousands of threads takes seconds, and
+        every stack BPF walks meanwhile stops where a table is missing."""
+        now = time.monotonic()
+        if self.s.unwinder is not None and now - self._tables_at >= TABLES_EVERY_S:
+            self._tables_at = now
+            self.s.unwinder.poll()
 
     def read_open_waits(self) -> Dict[int, tuple]:
         """tid -> (the wait's start, Python stack hash, native stack id) of

@@ -447,6 +447,10 @@ class Session(SessionSetup):
                                       self._start_ns, o.async_hz)
             self._tasks.start()
         try:
+            if self.unwinder is not None:
+                # the tables' builds start now, beside the reads below: those
+                # take seconds for thousands of threads, and stacks wait for them
+                self.unwinder.poll()
             if o.mode in ("wall", "off") and (o.pids or o.system_wide):
                 self.blocked.capture()
                 self.blocked.read_python_names()
