@@ -303,6 +303,7 @@ class Results:
     py315: Optional[dict] = None                # case 16
     asyncio: Optional[dict] = None              # case 17
     crashes: Optional[dict] = None              # case 18
+    threads: Optional[dict] = None              # case 19
     shadow: List[dict] = field(default_factory=list)   # sampled against exact (shadow.py), per case
     notes: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)

@@ -41,6 +41,8 @@ Cases (numbers as in issue #5):
  18 the crash watcher (issue 29, tools/bench/case_crashes.py): a CPU-bound process beside
     `pyoffcpu crashes -a` (A/B and A/A pairs), BPF ns per signal delivered and per
     fatal one (the whole capture), its maps' memory
+ 19 the first recording of a 2,000-thread process (issue 43, tools/bench/case_threads.py):
+    cold and warm, the share of the native-stack time without a table yet
  12 system-wide: `pyoffcpu -a --mode cpu -F 99` beside 50 Python processes of 5
     interpreters (tools/bench/fleet.py: idle, busy, short-lived): its own CPU
     over a 10 s window, peak RSS, time to `recording`, how many it found with
@@ -246,6 +248,12 @@ def targets_summary(res: Results) -> List[List[str]]:
         rows.append([f"case 18: {case_crashes.CRASH_LABEL}, a CPU-bound process beside it, median B/A",
                      f"<= {case_crashes.CRASH_SLOWDOWN_MAX:.2f}", fmt_num(ab["ratio_median"]),
                      verdict(ab["ratio_median"], case_crashes.CRASH_SLOWDOWN_MAX)])
+    if res.threads and res.threads.get("cold"):
+        import case_threads
+        cold = case_threads.cold_median(res.threads)
+        rows.append([f"case 19: {case_threads.LABEL}, cold caches: native-stack time without a table",
+                     f"<= {case_threads.NOT_READY_MAX:g}%", f"{cold:.1f}%",
+                     verdict(cold, case_threads.NOT_READY_MAX)])
     return rows
 
 
@@ -358,6 +366,9 @@ def render(res: Results, machine: Dict[str, str], args, wall_s: float, steal: Op
     if res.crashes:
         import case_crashes
         out.extend(case_crashes.render_crashes(res.crashes))
+    if res.threads:
+        import case_threads
+        out.extend(case_threads.render_threads(res.threads))
     if res.notes:
         out.append("## Notes\n")
         out.extend(f"- {n}" for n in res.notes)
@@ -392,7 +403,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 7)))
     ap.add_argument("--work-s", type=float, default=float(os.environ.get("BENCH_WORK_S", 1.0)))
     ap.add_argument("--long-s", type=float, default=float(os.environ.get("BENCH_LONG_S", 60)))
-    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15,16,17,18"),
+    ap.add_argument("--cases", default=os.environ.get("BENCH_CASES", "1,2,3,4,5,6,7,9,10,11,12,13,14,15,16,17,18,19"),
                     help="comma-separated subset of 1-7 and 9-12 (8 comes with 1-4)")
     ap.add_argument("--threadserver-s", type=float,
                     default=float(os.environ["BENCH_THREADSERVER_S"]) if os.environ.get("BENCH_THREADSERVER_S")
@@ -570,6 +581,14 @@ def main():
             log(f"case 18: the crash watcher, {args.pairs} pairs")
             import case_crashes
             case_crashes.crashes_case(tools, res, args.pairs, args.work_s)
+        if "19" in cases:
+            log("case 19: the first recording of a 2,000-thread process")
+            import case_threads
+            try:
+                case_threads.threads_case(tools, res)
+            except Exception as e:                              # noqa: BLE001
+                res.errors.append(f"case 19: {e}")
+                log(f"case 19: FAILED: {e}")
         if "15" in cases:
             log("case 15: PyTorch as it is run")
             import case_torch
