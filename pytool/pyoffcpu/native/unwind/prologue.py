@@ -45,9 +45,6 @@ Each such candidate is taken only if, followed on its own, every path
 stays in the gap, decodes, reaches no conflict and no jump it cannot
 follow, and every exit (ret, a jump out) it reaches is at the entry
 depth (CFA = rsp + 8): gap_rows.
-
-Over 600 lines and one job: one control-flow walk and the rules it applies
-at each instruction; apart, neither half reads without the other.
 """
 from __future__ import annotations
 
