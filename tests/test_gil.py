@@ -120,3 +120,29 @@ def test_gil_layout_is_checked_on_the_live_process():
                                                       0x5008: ts, 0x5010: 1})))
     assert (lay.addr, lay.interp_ceval_gil, why) == (0, o["interp_ceval_gil"], "")
     assert gil_layout(p, FakeMemory(with_(base, {interp + o["interp_ceval_gil"]: 0})))[0] is not None
+
+
+def test_a_stack_whose_frames_cannot_be_built_is_counted_and_the_rest_stands(monkeypatch):
+    """One process's data that merge does not expect (here: a code object
+    whose reading raises) gives [frames not read] for that stack, counted
+    and named in the recording's notes; every other stack is as it was
+    (issue 43: one bad process never ends a recording, a top or a snapshot)."""
+    from pyoffcpu.profile import merge
+    from pyoffcpu.profile.model import FRAMES_NOT_READ
+    from pyoffcpu.profile.summary import recording_notes
+    on, held = bpfdefs.KIND_ONCPU, bpfdefs.GIL_HELD
+    rec = recording({(1, on, held): 700, (2, on, held): 300})
+    real = merge.Merger._frames_for
+
+    def broken_for_thread_2(self, tgid, ustack, kstack, pyhash, ns):
+        if ns == 300:
+            raise KeyError("co_qualname")
+        return real(self, tgid, ustack, kstack, pyhash, ns)
+    monkeypatch.setattr(merge.Merger, "_frames_for", broken_for_thread_2)
+    prof, stats = build_profile(rec, symbolizer=None)
+    assert {k.tid: [f.name for f in k.frames] for k in prof.weights} == {
+        1: ["spin"], 2: [FRAMES_NOT_READ.name]}
+    assert prof.total_ns(tid=1) == 700 and prof.total_ns(tid=2) == 300
+    assert (stats.failed_stacks, stats.failed_ns) == (1, 300)
+    note = [n for n in recording_notes(rec, stats) if "could not be built" in n]
+    assert note and "KeyError: 'co_qualname' in test_gil.py:" in note[0], note

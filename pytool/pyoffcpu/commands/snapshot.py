@@ -532,6 +532,11 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
                 errors.append(f"cannot write {os.path.join(opts.dir, rel)}: {e.strerror or e}")
                 code = EXIT_PARTIAL
                 continue
+            except Exception as e:                      # noqa: BLE001 - one process's, never the others'
+                from .postmortem import failure_text
+                errors.append(f"process {t.pid} ({t.name}): its {fmt} could not be made ({failure_text(e)})")
+                code = EXIT_PARTIAL
+                continue
             try:
                 inode = os.stat(os.path.join(opts.dir, rel), follow_symlinks=False).st_ino
             except OSError:

@@ -42,6 +42,9 @@ class MergeStats:
     # frames found by each method (bpfdefs.METHOD_NAMES), each weighted by its stack's time
     method_frame_ns: Dict[str, int] = field(default_factory=dict)
     torn_stacks: int = 0        # Python stacks cut at a frame that is not a code object
+    failed_stacks: int = 0      # stacks whose frames could not be built ([frames not read])
+    failed_ns: int = 0
+    failure: str = ""           # the first one's exception, and where
 
     def as_dict(self) -> Dict[str, float]:
         share = (self.fallback_ns / self.python_ns) if self.python_ns else 0.0
@@ -302,6 +305,24 @@ class Merger:
 
     # -- one stack ----------------------------------------------------------------
     def frames_for(self, tgid, ustack, kstack, pyhash, ns) -> Tuple[P.Frame, ...]:
+        """The frames of one stack key, innermost last.  One whose frames
+        cannot be built (what one process left in the recording met a case
+        this code does not expect) is [frames not read], counted in stats
+        with its first exception: never the end of a recording, a top or a
+        snapshot of every other stack."""
+        try:
+            return self._frames_for(tgid, ustack, kstack, pyhash, ns)
+        except Exception as e:                          # noqa: BLE001 - counted and named
+            import traceback
+            self.stats.failed_stacks += 1
+            self.stats.failed_ns += ns
+            if not self.stats.failure:
+                tb = traceback.extract_tb(e.__traceback__)
+                where = f" in {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+                self.stats.failure = f"{type(e).__name__}: {e}{where}"[:200]
+            return (P.FRAMES_NOT_READ,)
+
+    def _frames_for(self, tgid, ustack, kstack, pyhash, ns) -> Tuple[P.Frame, ...]:
         if ustack == UNSAMPLED:
             return (P.NOT_SAMPLED,)
         if ustack == NO_STACK and not pyhash:

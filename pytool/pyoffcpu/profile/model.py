@@ -79,6 +79,10 @@ NO_STACK = Frame(FrameKind.MARKER, "[stack unknown]")
 # one kind, none of which was sampled: their exact time, without a stack
 # (profile/waits.py).
 SHORT_WAITS = Frame(FrameKind.MARKER, "[short waits, none sampled]")
+# Time whose frames could not be built from what was recorded (merge met
+# something it did not expect in one process's data): counted and named in
+# the summary; the rest of the profile stands.
+FRAMES_NOT_READ = Frame(FrameKind.MARKER, "[frames not read]")
 # A Python stack whose frames never reached user space (lost events).
 PYTHON_LOST = Frame(FrameKind.MARKER, "[python frames lost]")
 # on-CPU inside a CUDA synchronize call: the driver spins until the GPU is done

@@ -393,6 +393,9 @@ def recording_notes(rec, stats) -> List[str]:
     if rec.options.min_block_ns or rec.options.max_block_ns:
         out.append(f"{n_out} waits ({ns_out / 1e9:.2f} s) outside --min-block-us/"
                    "--max-block-us left out")
+    if stats.failed_stacks:
+        out.append(f"{stats.failed_stacks} stacks ({stats.failed_ns / 1e9:.2f} s) could not be built "
+                   f"({stats.failure}): shown as [frames not read]")
     if stats.python_ns:
         out.append(f"native/Python merge fell back for {100 * stats.fallback_ns / stats.python_ns:.0f}% "
                    "of the Python time (native frames above the interpreter only)")
