@@ -35,6 +35,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..kernel import bpfdefs
 from ..collect.platform import ProfilerError
+from ..failures import failure_text
 from . import postmortem as PM
 from ..kernel.procfs import uid_of
 from ..kernel.procfs import cmdline, comm, read_text
@@ -383,7 +384,7 @@ class Watcher:
 
     def _bare_report(self, ev, notes: List[str], e: Exception):
         """What was captured of a crash whose report failed, and why."""
-        failure = PM.failure_text(e)
+        failure = failure_text(e)
         self.log(f"process {ev.pid}: its report could not be built in full: {failure}")
         try:
             kernel = self._kernel_names(ev.thread.kernel)
@@ -548,7 +549,7 @@ def run(opts: CrashOptions, say: Callable[[str], None], log: Callable[..., None]
                         try:
                             w.handle(ev)
                         except Exception as e:          # noqa: BLE001 - a crash's report, never the watch
-                            note(f"process {ev.pid}: its crash could not be reported: {PM.failure_text(e)}")
+                            note(f"process {ev.pid}: its crash could not be reported: {failure_text(e)}")
                             w.count_lost(LOST_FAILED, 1, ev.uid)
                     w.expire()
                     w.account()

@@ -197,14 +197,6 @@ def bare(pid: int, comm: str, threads: List[DeadThread], fatal: Optional[Fatal],
     return out
 
 
-def failure_text(e: BaseException) -> str:
-    """An exception as a report's note names it: where it was raised, what."""
-    import traceback
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" in {os.path.basename(tb[-1].filename)}:{tb[-1].lineno} {tb[-1].name}" if tb else ""
-    return f"{type(e).__name__}: {e}{where}"[:300]
-
-
 def exe_path(files, auxv: Dict[int, int]) -> Optional[str]:
     """The executable's path: the file mapped where AT_PHDR points."""
     at_phdr = auxv.get(3)

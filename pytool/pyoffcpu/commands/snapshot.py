@@ -533,7 +533,7 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
                 code = EXIT_PARTIAL
                 continue
             except Exception as e:                      # noqa: BLE001 - one process's, never the others'
-                from .postmortem import failure_text
+                from ..failures import failure_text
                 errors.append(f"process {t.pid} ({t.name}): its {fmt} could not be made ({failure_text(e)})")
                 code = EXIT_PARTIAL
                 continue

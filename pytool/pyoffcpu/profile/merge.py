@@ -19,6 +19,7 @@ from ..kernel import bpfdefs
 from ..kernel.bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
 from . import reasons, waits
 from ..collect.recording import NO_STACK, SHORT_WAITS, UNSAMPLED, Recording
+from ..failures import failure_text
 from ..native.symbols import JIT_FRAME
 
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
@@ -313,13 +314,10 @@ class Merger:
         try:
             return self._frames_for(tgid, ustack, kstack, pyhash, ns)
         except Exception as e:                          # noqa: BLE001 - counted and named
-            import traceback
             self.stats.failed_stacks += 1
             self.stats.failed_ns += ns
             if not self.stats.failure:
-                tb = traceback.extract_tb(e.__traceback__)
-                where = f" in {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
-                self.stats.failure = f"{type(e).__name__}: {e}{where}"[:200]
+                self.stats.failure = failure_text(e)
             return (P.FRAMES_NOT_READ,)
 
     def _frames_for(self, tgid, ustack, kstack, pyhash, ns) -> Tuple[P.Frame, ...]:
