@@ -10,7 +10,6 @@ process's memory) -> the leaf modules (cachedir, terminal)."""
 import ast
 import os
 
-import pytest
 
 from conftest import ROOT
 
@@ -22,15 +21,15 @@ MAX_LINES = {".py": 700, ".c": 600, ".h": 600}
 README_LINES = 250
 
 
-def module_name(path):
-    rel = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
+def module_name(path, package=PACKAGE):
+    rel = os.path.relpath(path, os.path.dirname(package))[:-3].replace(os.sep, ".")
     return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
 
 
-def imports(path):
+def imports(path, package=PACKAGE):
     """The pyoffcpu modules a file imports, anywhere in it (a name imported
     from a package may be a module of it: both are given)."""
-    mod = module_name(path)
+    mod = module_name(path, package)
     pkg = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
     with open(path) as f:
         tree = ast.parse(f.read(), path)
@@ -55,8 +54,8 @@ def graph(package=PACKAGE):
     for d, _, names in os.walk(package):
         for n in names:
             if n.endswith(".py"):
-                files[module_name(os.path.join(d, n))] = os.path.join(d, n)
-    return {m: {t for t in imports(p) if t in files and t != m} for m, p in files.items()}
+                files[module_name(os.path.join(d, n), package)] = os.path.join(d, n)
+    return {m: {t for t in imports(p, package) if t in files and t != m} for m, p in files.items()}
 
 
 def stage(mod):
@@ -75,33 +74,11 @@ def upward(g):
 
 
 def circles(g):
-    """The strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(g.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-    for v in sorted(g):
-        if v not in index:
-            visit(v)
-    return out
+    """The modules (or stages) that import each other round a circle: the
+    strongly connected components, as asyncio_tasks.find_cycles finds them
+    among tasks that await each other."""
+    from pyoffcpu.cpython.asyncio_tasks import find_cycles
+    return find_cycles({m: sorted(ts) for m, ts in g.items()})
 
 
 def stage_graph(g):
@@ -141,12 +118,7 @@ def test_the_checks_fail_on_a_planted_upward_import_and_a_planted_circle(tmp_pat
     (pkg / "__init__.py").write_text("")
     (pkg / "kernel" / "a.py").write_text("def f():\n    from ..commands import b\n")
     (pkg / "commands" / "b.py").write_text("from ..kernel import a\n")
-    global PACKAGE
-    saved, PACKAGE = PACKAGE, str(pkg)
-    try:
-        g = graph(str(pkg))
-    finally:
-        PACKAGE = saved
+    g = graph(str(pkg))
     assert ("pyoffcpu.kernel.a", "pyoffcpu.commands.b") in upward(g)
     assert ["pyoffcpu.commands.b", "pyoffcpu.kernel.a"] in circles(g)
 
