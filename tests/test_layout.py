@@ -10,7 +10,6 @@ process's memory) -> the leaf modules (cachedir, terminal)."""
 import ast
 import os
 
-
 from conftest import ROOT
 
 PACKAGE = os.path.join(ROOT, "pytool", "pyoffcpu")
