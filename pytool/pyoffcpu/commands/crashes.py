@@ -37,8 +37,7 @@ from ..kernel import bpfdefs
 from ..collect.platform import ProfilerError
 from ..failures import failure_text
 from . import postmortem as PM
-from ..kernel.procfs import uid_of
-from ..kernel.procfs import cmdline, comm, read_text
+from ..kernel.procfs import cmdline, comm, read_text, uid_of
 from . import snapshot as S
 
 V = bpfdefs.value
@@ -317,7 +316,7 @@ class Watcher:
 
     def count_lost(self, reason: str, n: int, uid: Optional[int] = None) -> None:
         who = f" of user {uid}" if uid is not None else ""
-        self.say(f"crash: {n} crash{'es' if n != 1 else ''}{who} not reported: {reason}")
+        self.say(f"crash: {_crashes(n)}{who} not reported: {reason}")
         try:
             index = S.load_index(self.opts.dir)
             lost = [r for r in index.get("not_reported", []) if isinstance(r, dict)]
@@ -596,6 +595,10 @@ def service_text(argv: List[str]) -> str:
             "# one line per crash: journalctl -u pyoffcpu-crashes\n")
 
 
+def _crashes(n: int) -> str:
+    return f"{n} crash" + ("es" if n != 1 else "")
+
+
 def not_reported(directory: str) -> List[str]:
     """The crashes the watcher could not report, totalled by reason and user."""
     totals: Dict[Tuple[str, object], int] = {}
@@ -603,8 +606,7 @@ def not_reported(directory: str) -> List[str]:
         if isinstance(r, dict) and isinstance(r.get("count"), int) and isinstance(r.get("reason"), str):
             key = (r["reason"], r.get("uid"))
             totals[key] = totals.get(key, 0) + r["count"]
-    return [f"not reported: {n} crash{'es' if n != 1 else ''}"
-            f"{f' of user {uid}' if isinstance(uid, int) else ''}: {reason}"
+    return [f"not reported: {_crashes(n)}{f' of user {uid}' if isinstance(uid, int) else ''}: {reason}"
             for (reason, uid), n in sorted(totals.items(), key=lambda kv: -kv[1])]
 
 
