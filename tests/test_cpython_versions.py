@@ -233,6 +233,21 @@ def _worst(prof, tid, want):
     return bad[:3]
 
 
+def _outside(prof, tid, want):
+    """The heaviest off-CPU stacks of a thread without the entry frame, whole."""
+    entry = (want[0] if isinstance(want, tuple) else want)[0]
+    bad = sorted(((ns, [f.name for f in k.frames]) for k, ns in prof.weights.items()
+                  if k.tid == tid and k.off_cpu is not None and entry not in _py(k)),
+                 reverse=True)
+    return bad[:3]
+
+
+def _notes(stderr):
+    """The recording's notes on what it lost (drops, unseen switches), for a message."""
+    return [line for line in stderr.splitlines()
+            if any(w in line for w in ("not seen", "drop", "lost", "skipped", "unknown"))][:8]
+
+
 def _safe_match(frames, want):
     try:
         return _matches(frames, want)
@@ -250,7 +265,8 @@ def test_blocked_thread_has_its_python_stack_off_cpu(run):
     print("\n%s lock: %.2f%% of %.2f s off-CPU exact" % (run.label, 100 * exact / max(inside, 1),
                                                           inside / 1e9))
     assert off > 0.8 * DURATION * 1e9, off
-    assert inside >= THRESHOLD * off, (inside, off)
+    assert inside >= THRESHOLD * off, (inside, off, _outside(run.prof, tid, want),
+                                       _notes(run.stderr))
     assert exact >= THRESHOLD * inside, _worst(run.prof, tid, want)
 
 
