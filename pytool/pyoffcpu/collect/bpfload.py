@@ -39,6 +39,7 @@ import base64
 import fcntl
 import json
 import os
+import select
 import struct
 import threading
 import time
@@ -226,8 +227,23 @@ class Program:
                 time.sleep(timeout / 1000)
             return
         lib = lib_bpf()
-        for i, (pb, _, _) in enumerate(self._perf_buffers):
-            lib.perf_buffer__poll(pb, timeout if i == 0 else 0)
+        if len(self._perf_buffers) == 1:
+            lib.perf_buffer__poll(self._perf_buffers[0][0], timeout)
+            return
+        # several: a wait on all of them at once (each buffer's epoll fd),
+        # then each one read whole; a wait on the first alone would leave
+        # the others' records unread until it ends.  (The wait takes the
+        # per-CPU buffers' readiness, which perf_buffer__poll would wait
+        # for: perf_buffer__consume reads every CPU's buffer regardless.)
+        waiter = select.poll()
+        for pb, _, _ in self._perf_buffers:
+            waiter.register(lib.perf_buffer__epoll_fd(pb), select.POLLIN)
+        try:
+            waiter.poll(timeout)
+        except InterruptedError:
+            pass
+        for pb, _, _ in self._perf_buffers:
+            lib.perf_buffer__consume(pb)
 
     # -- maps
     def __getitem__(self, name):

@@ -326,6 +326,10 @@ def lib_bpf():
                                          ct.c_void_p]
         lib.perf_buffer__poll.restype = ct.c_int
         lib.perf_buffer__poll.argtypes = [ct.c_void_p, ct.c_int]
+        lib.perf_buffer__epoll_fd.restype = ct.c_int
+        lib.perf_buffer__consume.restype = ct.c_int
+        lib.perf_buffer__consume.argtypes = [ct.c_void_p]
+        lib.perf_buffer__epoll_fd.argtypes = [ct.c_void_p]
         lib.perf_buffer__free.restype = None
         lib.perf_buffer__free.argtypes = [ct.c_void_p]
         _libbpf = lib
