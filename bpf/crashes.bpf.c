@@ -47,6 +47,8 @@ BPF_F_TABLE("hash", u32, u8, watched, 4096, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", u32, struct proc_info, procs, 4096, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", u32, struct crash_layout, layouts, 4096, BPF_F_NO_PREALLOC);
 BPF_PERF_OUTPUT(events);
+BPF_PERF_OUTPUT(births);                        /* struct crash_birth */
+BPF_TABLE("lru_hash", struct exe_id, u8, exe_kinds, 4096);   /* CR_EXE_* by program file */
 BPF_PROG_ARRAY(progs, 3);                       /* 0: crash_py, 1: crash_code, 2: crash_other */
 BPF_PERCPU_ARRAY(state, struct crash_state, 1);
 BPF_PERCPU_ARRAY(mainbuf, struct crash_main, 1);
@@ -498,33 +500,4 @@ int crash_code(struct bpf_raw_tracepoint_args *ctx)
 }
 
 
-/* An exec: the old image's registration no longer holds; counted, for the
- * crash of the new image to say it. */
-RAW_TRACEPOINT_PROBE(sched_process_exec)
-{
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    procs.delete(&tgid);
-    layouts.delete(&tgid);
-    u64 *n = execs.lookup(&tgid);
-    if (n) {
-        __sync_fetch_and_add(n, 1);
-    } else {
-        u64 one = 1;
-        execs.update(&tgid, &one);
-    }
-    return 0;
-}
-
-/* A process's end: its registration and its place among the watched go
- * with it (the PID may be reused by a process no one selected). */
-RAW_TRACEPOINT_PROBE(sched_process_exit)
-{
-    if (!last_thread_exits(ctx))
-        return 0;
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    procs.delete(&tgid);
-    layouts.delete(&tgid);
-    execs.delete(&tgid);
-    watched.delete(&tgid);
-    return 0;
-}
+#include "crashlife.c" /* inline */

@@ -68,6 +68,39 @@ struct uid_budget {
 struct crash_control {
     unsigned int uid;               /* CR_ANY_UID: every user */
     unsigned int only_watched;      /* 1: only the tgids in `watched` */
+    unsigned int births;            /* 1: tell of births (and watch the new images) */
+    unsigned int pad;
+};
+
+/* `watched` values: put there by the watcher, or by BPF at an exec (a new
+ * image the watcher has not looked at yet: its crash is captured all the
+ * same, and the watcher decides once it has read the process) */
+#define CR_WATCHED       1
+#define CR_WATCHED_NEW   2
+
+/* What the watcher found a program file to be (exe_kinds, keyed by the
+ * file): not CPython and never to become it (its execs are not told), or
+ * one that is (or links libpython).  A file not there yet is told. */
+#define CR_EXE_NATIVE    1
+#define CR_EXE_PYTHON    2
+struct exe_id {
+    unsigned long long ino;
+    unsigned int dev;               /* the kernel's dev_t: MAJOR << 20 | MINOR */
+    unsigned int generation;        /* i_generation: a new file under a reused inode number */
+};
+
+/* A process born (CR_BIRTH_EXEC: an image exec'd; CR_BIRTH_FORK: a fork of
+ * a process), told at once so the watcher reads it without waiting for
+ * its next scan of /proc. */
+#define CR_BIRTH_EXEC    1
+#define CR_BIRTH_FORK    2
+struct crash_birth {
+    unsigned int kind;              /* CR_BIRTH_* */
+    unsigned int pid;               /* the process (a fork's child) */
+    unsigned int parent;            /* a fork's parent; 0 for an exec */
+    unsigned int pad;
+    unsigned long long ts;          /* bpf_ktime_get_ns() at the birth */
+    struct exe_id exe;              /* an exec: its program's file */
 };
 
 /* Per registered Python process, next to its proc_info: where CodeReader

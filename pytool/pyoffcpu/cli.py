@@ -375,13 +375,15 @@ another watcher holds DIR's lock.
 @click.option("--max-total-mb", type=float, default=512.0, show_default=True,
               help="Then delete the oldest until the listed files fit in this many MiB.")
 @click.option("--rescan", type=click.FloatRange(0.1, 3600), default=2.0, show_default=True,
-              metavar="SECONDS", help="How often /proc is looked at for new processes.")
+              metavar="SECONDS", help="How often /proc is scanned: the backstop for processes not read at "
+              "their exec (each new one is read then).")
 @click.option("--count", type=click.IntRange(1), default=None, metavar="N",
               help="Stop after N crashes.")
 @click.option("-d", "--duration", type=float, default=None, metavar="SECONDS",
               help="Stop after this long (default: until Ctrl-C or SIGTERM).")
 @click.option("-v", "--verbose", count=True,
-              help="Say which processes are watched (stderr); -vv: and each scan.")
+              help="Say which processes are watched (stderr); -vv: and each scan, and how soon after "
+              "its exec each new process was read.")
 @click.option("--print-service", is_flag=True, help="Print a systemd unit for this command, and exit.")
 @click.option("--list", "list_", is_flag=True, help="List the crashes recorded in DIR, and exit.")
 def crashes(directory, all_, match, uid, keep_days, max_total_mb, rescan, count, duration,

@@ -25,7 +25,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
@@ -37,6 +37,15 @@ CR_MAIN, CR_STACK, CR_PYSTACK, CR_MEM, CR_END = (V(n) for n in ("CR_MAIN", "CR_S
                                                                 "CR_MEM", "CR_END"))
 CR_ANY_UID = V("CR_ANY_UID")
 CR_CODE_MAX = V("CR_CODE_MAX")
+CR_WATCHED, CR_WATCHED_NEW = V("CR_WATCHED"), V("CR_WATCHED_NEW")
+CR_BIRTH_EXEC, CR_BIRTH_FORK = V("CR_BIRTH_EXEC"), V("CR_BIRTH_FORK")
+CR_EXE_NATIVE, CR_EXE_PYTHON = V("CR_EXE_NATIVE"), V("CR_EXE_PYTHON")
+# the exec'd program's file, bprm->file->f_inode->{i_ino, i_sb->s_dev}: where each lies
+EXE_FIELDS = {("linux_binprm", "file"): "BPRM_FILE_OFF", ("file", "f_inode"): "FILE_INODE_OFF",
+              ("inode", "i_ino"): "INODE_INO_OFF", ("inode", "i_sb"): "INODE_SB_OFF",
+              ("inode", "i_generation"): "INODE_GEN_OFF",
+              ("super_block", "s_dev"): "SB_DEV_OFF"}
+BIRTH_PAGES = 8                 # per CPU, for the births (48 bytes each with the header: 85 a page)
 CRF = bpfdefs.with_prefix("CRF_")
 # the registers CapturedThread.regs names, from struct pt_regs (offsets from BTF)
 REGS = ("ip", "sp", "bp", "bx", "ax", "orig_ax", "di", "si", "dx", "cx", "r8", "r9", "r10", "r11",
@@ -59,6 +68,15 @@ def page_cnt_for(ncpus: int) -> int:
 INCOMPLETE_AFTER_S = 2.0            # a capture without its END by then is given as it is
 _BPF_ENABLE_STATS, _BPF_STATS_RUN_TIME = 32, 0
 _T = bpfdefs.struct_type
+
+
+class Birth(NamedTuple):
+    """A process born (bpf/crashes.h crash_birth)."""
+    kind: int                   # CR_BIRTH_EXEC, CR_BIRTH_FORK
+    pid: int
+    parent: int                 # a fork's parent
+    ns: int                     # when (CLOCK_MONOTONIC ns)
+    exe: Tuple[int, int, int]   # an exec's program file: (the kernel's dev_t, inode, generation)
 
 
 @dataclass
@@ -158,15 +176,17 @@ def code_layout(pp) -> Dict[str, int]:
 
 def _btf_offsets() -> Tuple[Dict[str, int], Dict[str, int], int, bool]:
     """({task_struct field: offset} (thread.fsbase, group_leader,
-    start_boottime), {register: offset in pt_regs}, sizeof(pt_regs),
+    start_boottime, pid, tgid), {register: offset in pt_regs}, sizeof(pt_regs),
     whether sched_process_exit passes group_dead (as platform.probe reads it))."""
     from ..kernel.btf import TRACEPOINT_ARGS, member_offsets
     from .platform import BTF_PATH
-    task = ("thread.fsbase", "group_leader", "start_boottime")
+    task = ("thread.fsbase", "group_leader", "start_boottime", "pid", "tgid")
     offs = member_offsets(BTF_PATH, [("task_struct", f) for f in task] + [("pt_regs", r) for r in REGS]
-                          + [(TRACEPOINT_ARGS, "sched_process_exit")])
+                          + list(EXE_FIELDS) + [(TRACEPOINT_ARGS, "sched_process_exit")])
     regs = dict(zip(REGS, offs[len(task):len(task) + len(REGS)]))
-    return dict(zip(task, offs)), regs, max(regs.values()) + 8, offs[-1] >= 2
+    out = dict(zip(task, offs))
+    out.update(zip(EXE_FIELDS, offs[len(task) + len(REGS):-1]))
+    return out, regs, max(regs.values()) + 8, offs[-1] >= 2
 
 
 def _frames(py) -> Tuple[List[Tuple[int, int, int]], bool]:
@@ -194,7 +214,10 @@ class CrashCapture:
     """The watcher's BPF programs, loaded and attached (see the module's doc)."""
 
     def __init__(self, uid: Optional[int] = None, pids: Optional[Sequence[int]] = None,
-                 page_cnt: Optional[int] = None, cache_dir: Optional[str] = "default"):
+                 page_cnt: Optional[int] = None, cache_dir: Optional[str] = "default",
+                 births: bool = False):
+        """births: tell of every exec and fork (take_births), and watch
+        each new image until unwatch_new (the watcher reads it meanwhile)."""
         from . import bpfload
         from ..kernel import bpfsys
         task, self._reg_offs, regs_size, group_dead = _btf_offsets()
@@ -203,6 +226,8 @@ class CrashCapture:
         ncpus = max(bpfsys.possible_cpus()) + 1
         cflags = [f"-I{BPF_DIR}", f"-DTASK_FSBASE_OFF={task['thread.fsbase']}",
                   f"-DTASK_LEADER_OFF={task['group_leader']}", f"-DTASK_START_OFF={task['start_boottime']}",
+                  f"-DTASK_PID_OFF={task['pid']}", f"-DTASK_TGID_OFF={task['tgid']}",
+                  *(f"-D{macro}={task[field]}" for field, macro in EXE_FIELDS.items()),
                   f"-DEXIT_GROUP_DEAD={int(group_dead)}", f"-DPT_REGS_SIZE={regs_size}",
                   f"-DPT_REGS_SP_OFF={self._reg_offs['sp']}", f"-DPT_REGS_CS_OFF={self._reg_offs['cs']}",
                   f"-DNCPUS={ncpus}"]
@@ -215,17 +240,23 @@ class CrashCapture:
         self.lost = 0                   # perf buffer records lost
         self._pending: Dict[Tuple[int, int], _Pending] = {}
         self._done: List[CrashEvent] = []
+        self.births: List[Birth] = []   # not taken yet
+        self.births_lost = 0            # births the buffer had no room for (a scan finds them)
         try:
             progs = self.bpf["progs"]
             progs[ctypes.c_int(0)] = ctypes.c_int(self.bpf.funcs[b"crash_py"].fd)
             progs[ctypes.c_int(1)] = ctypes.c_int(self.bpf.funcs[b"crash_code"].fd)
             progs[ctypes.c_int(2)] = ctypes.c_int(self.bpf.funcs[b"crash_other"].fd)
+            self._births = births
             self.set_filter(uid, pids)
             if page_cnt is None:
                 page_cnt = page_cnt_for(len(bpfsys.online_cpus()))
             self.bpf["events"].open_perf_buffer(self._on_record, page_cnt=page_cnt,
                                                 lost_cb=self._on_lost)
             self._page_cnt = page_cnt
+            if births:
+                self.bpf["births"].open_perf_buffer(self._on_birth, page_cnt=BIRTH_PAGES,
+                                                    lost_cb=self._on_births_lost)
             self.bpf.attach_raw_tracepoint(tp="signal_deliver", fn_name="crash_signal")
         except BaseException:
             self.bpf.cleanup()
@@ -236,13 +267,14 @@ class CrashCapture:
         """Only this user's processes (None: every user's), only these
         processes (None: every one)."""
         # changed in place, never emptied first: a watched process that
-        # crashed while the map was being rewritten would be missed
+        # crashed while the map was being rewritten would be missed; the
+        # ones BPF added at their exec stay until unwatch_new
         watched = self.bpf["watched"]
         want = set(pids or ())
         for pid in want:
-            watched[watched.Key(pid)] = watched.Leaf(1)
-        for k in list(watched.keys()):
-            if k.value not in want:
+            watched[watched.Key(pid)] = watched.Leaf(CR_WATCHED)
+        for k, v in list(watched.items()):
+            if k.value not in want and v.value != CR_WATCHED_NEW:
                 try:
                     del watched[k]
                 except KeyError:
@@ -251,6 +283,7 @@ class CrashCapture:
         c = ctl.Leaf()
         c.uid = CR_ANY_UID if uid is None else uid
         c.only_watched = int(pids is not None)
+        c.births = int(self._births)
         ctl[ctl.Key(0)] = c
 
     def register_python(self, pid: int, pp) -> None:
@@ -266,6 +299,29 @@ class CrashCapture:
             setattr(cl, k, v)
         layouts[layouts.Key(pid)] = cl
         procs[procs.Key(pid)] = info
+
+    def unwatch_new(self, pid: int) -> None:
+        """A process BPF began to watch at its exec (CR_WATCHED_NEW), read
+        and not selected: no longer watched."""
+        watched = self.bpf["watched"]
+        try:
+            if watched[watched.Key(pid)].value == CR_WATCHED_NEW:
+                del watched[watched.Key(pid)]
+        except KeyError:
+            pass
+
+    def take_births(self) -> List["Birth"]:
+        """The processes born since the last call."""
+        out, self.births = self.births, []
+        return out
+
+    def set_exe_kind(self, exe: Tuple[int, int, int], python: bool) -> None:
+        """What the program file exe (Birth.exe) is: its execs are told
+        from now on only when it may be Python."""
+        t = self.bpf["exe_kinds"]
+        key = t.Key()
+        key.dev, key.ino, key.generation = exe
+        t[key] = t.Leaf(CR_EXE_PYTHON if python else CR_EXE_NATIVE)
 
     def execs(self, pid: int) -> int:
         """The process's execs since the watcher started (a crash's `execs`
@@ -289,6 +345,14 @@ class CrashCapture:
         self.lost += count
         for p in self._pending.values():    # which capture lost them is not known: every open one
             p.lossy = True
+
+    def _on_birth(self, cpu, data, size) -> None:
+        b = _T("crash_birth").from_buffer_copy(ctypes.string_at(data, size).ljust(
+            ctypes.sizeof(_T("crash_birth")), b"\0"))
+        self.births.append(Birth(b.kind, b.pid, b.parent, b.ts, (b.exe.dev, b.exe.ino, b.exe.generation)))
+
+    def _on_births_lost(self, count: int) -> None:
+        self.births_lost += count
 
     def _on_record(self, cpu, data, size) -> None:
         raw = ctypes.string_at(data, size)
@@ -341,7 +405,8 @@ class CrashCapture:
 
     def poll(self, timeout_s: float) -> List[CrashEvent]:
         """The captures completed within timeout_s (returns once there is
-        one and none is half-read, or at the timeout)."""
+        one, or a birth (take_births), and none is half-read, or at the
+        timeout)."""
         deadline = time.monotonic() + max(timeout_s, 0)
         while True:
             left = deadline - time.monotonic()
@@ -351,7 +416,7 @@ class CrashCapture:
                 if now - p.first_seen > INCOMPLETE_AFTER_S:
                     del self._pending[key]
                     self._finish(p)
-            if (self._done and not self._pending) or now >= deadline:
+            if ((self._done or self.births) and not self._pending) or now >= deadline:
                 break
         out, self._done = self._done, []
         return sorted(out, key=lambda e: e.time_ns)

@@ -7,13 +7,8 @@ a watched process, copies in the receiving thread what its stacks need once
 the process is gone: registers, the top of its stack, its kernel stack,
 its Python frames and the code objects they name.  Here:
 
-- which processes are watched: a scan of /proc every --rescan seconds
-  finds new ones (and images replaced by exec); a Python one is described
-  (cpython/detect.py) and registered so BPF walks its frames; each keeps a
-  copy of its mappings, read again when a scan sees its code change (VmExe,
-  VmLib: a library loaded), because a process that dies without a core is
-  gone before user space hears of it (the copy taken at the crash, when
-  /proc still has it, wins);
+- which processes are watched: commands/crashwatch.py (a scan of /proc
+  every --rescan seconds, and each process born since, read at its exec);
 - each capture becomes `dump`'s report (commands/postmortem.py: the same
   walkers, tables and labels as live stacks), written as text and JSON to
   `DIR/<host>/<YYYY-mm-dd>/<HHMMSS>-<pid>-<name>.crash.{txt,json}` under
@@ -26,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import time
@@ -37,14 +31,13 @@ from ..kernel import bpfdefs
 from ..collect.platform import ProfilerError
 from ..failures import failure_text
 from . import postmortem as PM
-from ..kernel.procfs import cmdline, comm, read_text, uid_of
 from . import snapshot as S
+from .crashwatch import ProcessWatch, _ident
 
 V = bpfdefs.value
 CRF = bpfdefs.with_prefix("CRF_")
 DEFAULT_DIR = "/var/lib/pyoffcpu/crashes"
 HANDLED_AFTER_S = 10.0          # a process that runs on this long after its handler ran: handled
-GONE_KEPT_S = 30.0              # what a scan knew of a process gone: kept for its late capture
 GONE_GRACE_S = 2.0              # a held capture of a process gone: its default delivery may still come
 EXTENSIONS = {"txt": ".crash.txt", "json": ".crash.json"}
 LINE_FRAMES = 4                 # native frames named on the journal line
@@ -65,195 +58,23 @@ class CrashOptions:
     host: str = field(default_factory=socket.gethostname)
 
 
-@dataclass
-class Watched:
-    pid: int
-    ident: tuple                # what changes when the process execs
-    name: str
-    cmdline: str
-    pp: object = None           # its PythonProcess (None: native only)
-    maps: list = field(default_factory=list)
-    maps_time: float = 0.0
-    root: Optional[str] = None  # its root directory when not ours (a chroot)
-    registered: bool = False    # in BPF's procs (its Python frames are walked)
-    libs: Optional[Tuple[int, int]] = None  # _code_sizes when maps were read
-    checked: float = 0.0        # when a scan last found them the same
-    execs: int = 0              # its execs (BPF's count) when it was first seen
-
-
-def _ident(pid: int) -> Optional[tuple]:
-    """(executable, start time, stack start) of a process: a new value after
-    an exec (the stack is placed anew) or a reused PID."""
-    from ..kernel.procfs import stat_fields
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return None                 # a kernel thread, or gone
-    f = stat_fields(f"/proc/{pid}/stat")
-    try:
-        return exe, f[19], f[25]    # starttime (22), startstack (28)
-    except IndexError:
-        return None
-
-
-def _code_sizes(pid: int) -> Optional[Tuple[int, int]]:
-    """(VmExe, VmLib) in kB: the process's executable file mappings (its
-    program's, the libraries'); a library loaded or unloaded changes them.
-    Read at each scan instead of the maps (a few hundred bytes, not the
-    thousands of lines of a large process's maps)."""
-    sizes = {}
-    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
-        if line.startswith(("VmExe:", "VmLib:")):
-            try:
-                sizes[line[:5]] = int(line.split()[1])
-            except (IndexError, ValueError):
-                return None
-    return (sizes["VmExe"], sizes["VmLib"]) if len(sizes) == 2 else None
-
-
 LOST_RATE = f"over the budget of {V('CR_PER_UID_S')} captures a user a second (a storm)"
 LOST_BUFFER = "no room in the perf buffer (a burst of crashes)"
 LOST_FAILED = "its report failed"
 
 
-class Watcher:
-    """The scan, the captures and the reports (run() below drives them)."""
+class Watcher(ProcessWatch):
+    """The captures and the reports (run() below drives them), of the
+    processes ProcessWatch finds."""
 
     def __init__(self, opts: CrashOptions, capture, say: Callable[[str], None],
                  log: Callable[..., None]):
-        self.opts, self.cap, self.say, self.log = opts, capture, say, log
-        self.known: Dict[int, Watched] = {}
-        self.ignored: Dict[int, tuple] = {}
-        self.self_pid = os.getpid()
-        self.match = re.compile(opts.match) if opts.match else None
+        super().__init__(opts, capture, log)
+        self.say = say
         self._ksyms = None
         self.crashes = 0
         self.held: Dict[int, tuple] = {}    # pid -> (capture, when): delivered to a handler
         self.said: Dict[Tuple[str, int], int] = {}  # (reason, uid) -> crashes said to be lost so far
-        self.gone: Dict[int, tuple] = {}    # pid -> (Watched, when a scan found it gone)
-
-    # -- which processes ------------------------------------------------------------------------
-    def scan(self) -> None:
-        from ..cpython import detect
-        try:
-            pids = {int(d) for d in os.listdir("/proc") if d.isdigit()}
-        except OSError:
-            return
-        for pid in [p for p in self.known if p not in pids]:
-            self._forget(pid)
-        for pid in [p for p in self.ignored if p not in pids]:
-            del self.ignored[pid]
-        changed = False
-        new: List[Watched] = []
-        for pid in sorted(pids):
-            if pid == self.self_pid:
-                continue
-            ident = _ident(pid)
-            if ident is None:
-                continue
-            w = self.known.get(pid)
-            if w is not None and w.ident == ident and self.cap.execs(pid) == w.execs:
-                if w.pp is not None and not w.registered:
-                    changed |= self._register(w)
-                libs = _code_sizes(pid)
-                w.checked = time.monotonic()
-                if libs != w.libs:
-                    self.log(f"process {pid}: its code mappings changed (VmExe, VmLib {w.libs} -> "
-                             f"{libs} kB): mappings read again")
-                    self._snapshot_maps(w)
-                continue
-            if self.ignored.get(pid) == ident:
-                continue
-            if w is not None:
-                self._forget(pid)           # exec'd: another image
-            if not self._selected(pid):
-                self.ignored[pid] = ident
-                continue
-            pp = None
-            if detect.may_become_python(pid):
-                try:
-                    pp = detect.find_python(pid)
-                except (detect.NotPython, detect.Unsupported, OSError) as e:
-                    if isinstance(e, detect.Unsupported):
-                        self.log(f"process {pid}: {e}: native stacks only")
-                except Exception as e:                  # noqa: BLE001 - a torn read of a starting process
-                    self.log(f"process {pid}: {type(e).__name__}: {e}")
-            if pp is None and not self.opts.all:
-                self.ignored[pid] = ident
-                continue
-            w = Watched(pid, ident, comm(pid), cmdline(pid)[:200], pp, execs=self.cap.execs(pid))
-            self._snapshot_maps(w)
-            self.known[pid] = w
-            changed = True
-            if pp is not None:
-                self._register(w)
-            new.append(w)
-        if changed:
-            self._filter()
-        for w in new:           # said once BPF captures its crashes
-            self.log(f"watching process {w.pid} ({w.name}" +
-                     (f", CPython {w.pp.version_str}" if w.pp is not None else ", native") + ")")
-        self.log(f"scanned /proc: {len(self.known)} processes watched", level=2)
-
-    def _selected(self, pid: int) -> bool:
-        if self.opts.uid is not None and uid_of(pid) != self.opts.uid:
-            return False
-        if self.match is not None:
-            return bool(self.match.search(comm(pid)) or self.match.search(cmdline(pid)))
-        return True
-
-    def _register(self, w: Watched) -> bool:
-        """Its frames walked by BPF once its thread-state binding is known."""
-        from ..cpython import detect
-        if not w.pp.tstate_found and not detect.refresh_tss(w.pp):
-            return False
-        self.cap.register_python(w.pid, w.pp)
-        # BPF drops a registration at exec and exit: one that raced with
-        # either describes another image, and goes (the next scan starts over)
-        if _ident(w.pid) != w.ident or self.cap.execs(w.pid) != w.execs:
-            self.cap.unregister(w.pid)
-            self.known.pop(w.pid, None)
-            return False
-        w.registered = True
-        return True
-
-    def _forget(self, pid: int) -> None:
-        w = self.known.pop(pid, None)
-        if w is not None and w.registered:
-            self.cap.unregister(pid)
-        if w is not None:
-            # a crash read after the scan that found its process gone (a
-            # storm's captures wait in the buffer) still has its maps and
-            # interpreter; the capture's start and exec count tell a reused PID
-            now = time.monotonic()
-            self.gone = {p: g for p, g in self.gone.items() if now - g[1] < GONE_KEPT_S}
-            self.gone[pid] = (w, now)
-
-    def _watched(self, pid: int):
-        """What a scan knew of pid: watched now, or gone lately."""
-        w = self.known.get(pid)
-        if w is None and pid in self.gone:
-            w = self.gone[pid][0]
-        return w
-
-    def _filter(self) -> None:
-        """BPF captures only the watched processes (every one with -a and no
-        --match/--uid: then no lookup at all)."""
-        everything = self.opts.all and self.match is None and self.opts.uid is None
-        self.cap.set_filter(uid=self.opts.uid, pids=None if everything else sorted(self.known))
-
-    def _snapshot_maps(self, w: Watched) -> None:
-        """Its mappings now, and the sizes of its code that tell when to read
-        them again (a library loaded: VmLib grows)."""
-        from ..native import symbols
-        libs = _code_sizes(w.pid)
-        try:
-            w.maps = symbols.read_maps(w.pid)
-            w.root = symbols.target_root(w.pid)
-        except OSError:
-            return
-        w.libs = libs
-        w.maps_time = w.checked = time.monotonic()
 
     # -- a crash --------------------------------------------------------------------------------------
     def handle(self, ev) -> Optional[dict]:
@@ -267,6 +88,9 @@ class Watcher:
         ends it, and the report is the first capture's; a process that
         exits meanwhile, too (expire()); one still running HANDLED_AFTER_S
         later handled it, and nothing is written."""
+        ignored = self.ignored.get(ev.pid)
+        if self._watched(ev.pid) is None and ignored and int(ignored[1]) == ev.start_ticks:
+            return None                 # read at its birth and not selected (BPF had it then)
         if ev.handler != 0:
             if ev.pid not in self.held:
                 self.held[ev.pid] = (ev, time.monotonic())
@@ -347,12 +171,15 @@ class Watcher:
             # its interpreter are not this one's (BPF walked no Python frames)
             notes.append("it exec'd, or its PID was reused, after the last scan")
             w = None
+        if w is None:
+            w = self._fork_parent(ev, notes)
         maps = w.maps if w is not None else []
         fresh = _maps_now(ev.pid, w.ident) if w is not None else None
         if fresh:
             maps = _merge_maps(w.maps, fresh)
         if w is None:
-            notes.append("not seen by a scan before it crashed: no mappings, native frames not named")
+            notes.append("not read by the watcher before it crashed (born moments before, or "
+                         "its birth not read yet): no mappings, native frames not named")
         elif not fresh and time.monotonic() - w.maps_time > 0.5:
             notes.append("mappings as checked %.1f s before the crash (a library loaded after "
                          "that is not named)" % (time.monotonic() - w.checked))
@@ -370,7 +197,8 @@ class Watcher:
         if w is not None and w.pp is not None and not w.registered:
             why = "its Python frames: CPython had not bound a thread state when it crashed"
         elif w is None:
-            why = "no Python frames: the watcher had not registered it"
+            why = ("no Python frames: the watcher had not read it yet (its interpreter "
+                   "is known from its next start on)")
         elif pp is None:
             why = "not a CPython process: native frames only"
         name = w.name if w is not None else ev.comm
@@ -534,7 +362,7 @@ def run(opts: CrashOptions, say: Callable[[str], None], log: Callable[..., None]
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with S.DirLock(opts.dir):
-            cap = CrashCapture(uid=opts.uid, pids=[])
+            cap = CrashCapture(uid=opts.uid, pids=[], births=True)
             try:
                 w = Watcher(opts, cap, say, log)
                 w.scan()
@@ -544,7 +372,17 @@ def run(opts: CrashOptions, say: Callable[[str], None], log: Callable[..., None]
                 start = time.monotonic()
                 next_scan = start + opts.rescan_s      # the first scan was just made
                 while not stop:
-                    for ev in cap.poll(0.5):
+                    due = w.next_look()
+                    wait = 0.5 if due is None else min(0.5, max(due - time.monotonic(), 0.0))
+                    events = cap.poll(wait)
+                    # births first: a process born and crashed in one poll is read before its report
+                    w.births(cap.take_births())
+                    if cap.births_lost:
+                        log(f"{cap.births_lost} births not read (the buffer was full): "
+                            "found by the next scan")
+                        cap.births_lost = 0
+                        next_scan = time.monotonic()
+                    for ev in events:
                         try:
                             w.handle(ev)
                         except Exception as e:          # noqa: BLE001 - a crash's report, never the watch
