@@ -9,6 +9,11 @@ while nothing crashes, and its BPF time per signal.
   runs and returns at its first test), then CRASHES crashes of the crash
   fixture (tests/workloads/crash_fixture.c from crashes.py: the whole
   capture, its tail calls included), and the watcher's map memory.
+- Per exec (issue 39: every exec and fork is a birth the watcher is told
+  of): a shell loop of EXECS `/bin/true` (a fork and an exec each), timed
+  alone and beside the watcher, interleaved (alone, beside, ... alone);
+  the BPF ns of the fork and exec programs per exec, and the watcher's own
+  CPU per exec (it reads each new image once: not Python, ignored).
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ CRASH_LABEL = "pyoffcpu crashes -a"
 CRASH_SLOWDOWN_MAX = 1.01
 SIGNALS = 100_000
 CRASHES = 5
+EXECS = 2000
+EXEC_ROUNDS = 3
+EXEC_LOOP = ["sh", "-c", 'i=0; while [ "$i" -lt "$0" ]; do /bin/true; i=$((i+1)); done', str(EXECS)]
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKLOADS = os.path.join(ROOT, "tests", "workloads")
 READY = r"^pyoffcpu: watching \d+ processes"
@@ -48,13 +56,18 @@ def crashes_case(tools: Tools, res: Results, pairs: int, work_s: float):
     except Exception as e:                              # noqa: BLE001
         res.errors.append(f"case 18 per signal: {e}")
         log(f"case 18 per signal: FAILED: {e}")
+    try:
+        per_exec(tools, out)
+    except Exception as e:                              # noqa: BLE001
+        res.errors.append(f"case 18 per exec: {e}")
+        log(f"case 18 per exec: FAILED: {e}")
     if pairs > 0:
         try:
             watcher_pairs(tools, res, out, pairs, work_s)
         except Exception as e:                          # noqa: BLE001
             res.errors.append(f"case 18 pairs: {e}")
             log(f"case 18 pairs: FAILED: {e}")
-    if out.get("ab") or out.get("signals"):
+    if out.get("ab") or out.get("signals") or out.get("execs"):
         res.crashes = out
 
 
@@ -110,6 +123,67 @@ def per_signal(tools: Tools, out: dict):
         f"maps {maps / 1024:.0f} KiB")
 
 
+def _loop_s() -> float:
+    t = time.monotonic()
+    subprocess.run(EXEC_LOOP, check=True, timeout=600)
+    return time.monotonic() - t
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_exec(tools: Tools, out: dict):
+    """EXEC_LOOP alone and beside the watcher, EXEC_ROUNDS rounds each,
+    interleaved (a watcher started for each beside round); BPF and the
+    watcher's CPU per exec."""
+    sysctl = bpfstats.StatsSysctl()
+    if not sysctl.on():
+        raise RuntimeError("kernel.bpf_stats_enabled cannot be set")
+    alone: List[float] = [_loop_s()]
+    beside: List[float] = []
+    bpf_ns = cpu_s = 0.0
+    runs = 0
+    per_prog: dict = {}
+    try:
+        for r in range(EXEC_ROUNDS):
+            p = _watcher(tools, os.path.join(tools.outdir, f"c18-execs-{r}"))
+            try:
+                time.sleep(1.0)             # its start's reads done
+                stats = bpfstats.ProgStats(p.pid)
+                before, cpu0 = stats.read(), _cpu_s(p.pid)
+                beside.append(_loop_s())
+                time.sleep(0.5)             # the last births read
+                after, cpu1 = stats.read(), _cpu_s(p.pid)
+            finally:
+                p.interrupt()
+                p.wait(60)
+            d = prog_delta(before, after)
+            for k in d:
+                if "fork" in k or "exec" in k or "exit" in k:
+                    per_prog[k] = [a + b for a, b in zip(per_prog.get(k, (0, 0)), d[k])]
+            births = [k for k in d if "fork" in k or "exec" in k]
+            bpf_ns += sum(d[k][1] for k in births)
+            runs += sum(d[k][0] for k in births)
+            cpu_s += cpu1 - cpu0
+            alone.append(_loop_s())
+    finally:
+        sysctl.off()
+    n = EXECS * len(beside)
+    med = lambda xs: sorted(xs)[len(xs) // 2]   # noqa: E731
+    out["execs"] = {"execs": n, "alone_us": [a / EXECS * 1e6 for a in alone],
+                    "beside_us": [b / EXECS * 1e6 for b in beside],
+                    "added_us": (med(beside) - med(alone)) / EXECS * 1e6,
+                    "bpf_ns": bpf_ns / max(n, 1), "bpf_runs": runs, "own_cpu_us": cpu_s / max(n, 1) * 1e6,
+                    "programs": {k: v[1] / max(n, 1) for k, v in per_prog.items()}}
+    e = out["execs"]
+    log(f"case 18: {n} execs: {med(e['alone_us']):.0f} us each alone, {med(e['beside_us']):.0f} us "
+        f"beside the watcher ({e['added_us']:+.1f} us); BPF {e['bpf_ns']:.0f} ns, the watcher's CPU "
+        f"{e['own_cpu_us']:.0f} us per exec")
+
+
 def _map_memory(pid: int) -> int:
     n = 0
     for fd in bpfstats._bpf_fds(pid, "bpf-map"):
@@ -147,5 +221,18 @@ def render_crashes(d: dict) -> List[str]:
                      f"{s['reports']} reports)", "—",
                      f"{s['fatal_ns_total'] / max(s['crashes'], 1):,.0f}", ""])
         rows.append(["its BPF maps (memlock)", "—", f"{s['map_bytes'] / 1024:,.0f} KiB", ""])
+    e = d.get("execs")
+    if e:
+        med = lambda xs: sorted(xs)[len(xs) // 2]   # noqa: E731
+        rows.append([f"an exec (`/bin/true` in a shell loop, {e['execs']:,}): its time alone, beside it",
+                     "—", f"{med(e['alone_us']):.0f} µs, {med(e['beside_us']):.0f} µs "
+                     f"({e['added_us']:+.1f} µs; rounds {', '.join('%.0f' % x for x in e['beside_us'])})", ""])
+        rows.append(["an exec's time added by the watcher (median beside - median alone)", "<= 1 µs",
+                     f"{e['added_us']:+.1f} µs", verdict(e["added_us"], 1.0)])
+        progs = ", ".join(f"{k.rsplit('_', 1)[-1]} {v:,.0f}" for k, v in sorted(e.get("programs", {}).items()))
+        rows.append(["BPF per exec: its fork and exec programs (each program's ns)", "—",
+                     f"{e['bpf_ns']:,.0f} ns ({progs})", ""])
+        rows.append(["the watcher's own CPU per exec (each new image read once)", "—",
+                     f"{e['own_cpu_us']:,.0f} µs", ""])
     out.append(markdown_table(["what", "target", "measured", ""], rows, "lrrl"))
     return out
