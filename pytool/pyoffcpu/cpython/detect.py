@@ -65,6 +65,13 @@ def table_for(minor: Tuple[int, int]) -> Tuple[Optional[Dict[str, int]], bool]:
 
 
 def _candidates(pid: int, maps, exe: Optional[str] = None) -> List[str]:
+    """The files that may define the runtime: the executable (a static
+    build, renamed or copied as it may be), then libpython3.X.so, then the
+    other shared objects whose name mentions python.  Not the rest: reading
+    the symbol table of each library of a large native process (hundreds of
+    thousands of symbols) took -a seconds per new process, and a runtime
+    lives in a library named for it.  Extension modules (.cpython-3XX-...so,
+    libtorch_python) hold none."""
     if exe is None:
         try:
             exe = os.readlink(f"/proc/{pid}/exe")
@@ -72,19 +79,16 @@ def _candidates(pid: int, maps, exe: Optional[str] = None) -> List[str]:
             exe = None
     seen, out = set(), []
     paths = [exe] if exe else []
-    # libpython3.X.so first, then the other shared objects whose name mentions
-    # python, then the rest; extension modules (.cpython-3XX-...so: torch has
-    # dozens, one with half a million symbols) last: they hold no runtime
-    libs = [m.path for m in maps if m.path.startswith("/") and ".so" in m.path]
 
     def rank(p: str) -> int:
         name = os.path.basename(p)
         if name.startswith("libpython"):
             return 0
-        if ".cpython-" in name or name.startswith("libtorch_python"):
-            return 3
-        return 1 if "python" in name else 2
-    libs.sort(key=rank)
+        if ".cpython-" in name or name.startswith("libtorch_python") or "python" not in name:
+            return 2
+        return 1
+    libs = sorted((m.path for m in maps if m.path.startswith("/") and ".so" in m.path
+                   and rank(m.path) < 2), key=rank)
     for p in paths + libs:
         if p and p not in seen:
             seen.add(p)
