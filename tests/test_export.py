@@ -83,6 +83,18 @@ def test_folded_round_trip():
         assert again == first
 
 
+def test_folded_labels_never_break_a_line_for_any_reader():
+    """A target names its functions: every line boundary str.splitlines
+    knows (not only \\n) becomes a space, so one stack stays one line."""
+    p = Profile()
+    p.processes, p.threads = {7: "app\u2028x"}, {7: "T\x1cy"}
+    breaks = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+    p.add(StackKey(7, 7, (python_frame("f" + breaks + "g", "/a.py", 1),)), 5_000)
+    out = render_folded(p)
+    assert len(out.splitlines()) == 1 and out.count("\n") == 1, repr(out)
+    assert [k.frames[-1].name for k in from_folded(out).weights] == ["f" + " " * len(breaks) + "g"]
+
+
 def test_folded_empty_profile():
     assert render_folded(Profile()) == ""
 

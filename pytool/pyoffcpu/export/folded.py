@@ -10,8 +10,10 @@ from typing import Dict
 
 from ..profile.model import Profile
 
-# A label must not break the line structure of the format.
-_LINE_BREAKS = str.maketrans({"\n": " ", "\r": " "})
+# A label must not break the line structure of the format, for a reader that
+# splits on any line boundary (str.splitlines: \v, \f, \x1c-\x1e, \x85,
+# U+2028, U+2029 too) as for one that splits on \n.
+_LINE_BREAKS = str.maketrans({c: " " for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
 
 
 def ns_to_us(ns: int) -> int:
