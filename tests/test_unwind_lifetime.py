@@ -51,6 +51,7 @@ def _unwinder(monkeypatch):
     monkeypatch.setattr(u, "_write", write)
     clock = [1000.0]
     monkeypatch.setattr(loader.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(loader, "KEEP_UNUSED_S", 0.0)     # the two looks' rule alone (below: the keep)
 
     def look():
         clock[0] += loader.COLLECT_S
@@ -118,6 +119,33 @@ def test_a_table_referred_to_again_between_the_looks_stays(monkeypatch):
     assert len(writes) == n and len(u.loaded()) == n
 
 
+def test_an_unused_table_is_kept_a_while_for_the_next_process_that_maps_it(monkeypatch):
+    """Short jobs one after another: the tables of a job that exited stay
+    KEEP_UNUSED_S (each free costs the kernel a grace period, and the next
+    job loads them again), then go; with few slots left, at two looks."""
+    u, look, writes = _unwinder(monkeypatch)
+    monkeypatch.setattr(loader, "KEEP_UNUSED_S", 10.0)
+    maps = symbols.read_maps(os.getpid())
+    u.update(1000, maps)
+    n = len(writes)
+    u.forget(1000)
+    for _ in range(int(10.0 / loader.COLLECT_S) - 1):
+        assert look() == 0                      # unused for less than KEEP_UNUSED_S
+    u.update(1001, maps)                        # the next job: nothing written again
+    assert len(writes) == n and len(u.loaded()) == n
+    u.forget(1001)
+    looks = 0
+    while u.loaded():
+        looks += 1
+        look()
+    assert looks * loader.COLLECT_S >= 10.0, looks
+    # few slots left: the two looks' rule alone
+    u.update(1002, maps)
+    u._free_slots = u._free_slots[:_Slots.max_entries // 20]
+    u.forget(1002)
+    assert look() == 0 and look() == n and u.loaded() == []
+
+
 def test_slots_full_leaves_the_rest_to_frame_pointers_and_says_so(monkeypatch):
     u, look, writes = _unwinder(monkeypatch)
     u._free_slots = u._free_slots[-1:]          # room for one table
@@ -127,7 +155,7 @@ def test_slots_full_leaves_the_rest_to_frame_pointers_and_says_so(monkeypatch):
 
 
 # -- real BPF ----------------------------------------------------------------------------------------
-def test_tables_of_an_exited_process_are_freed_and_the_others_kept(bpf):
+def test_tables_of_an_exited_process_are_freed_and_the_others_kept(bpf, monkeypatch):
     """Two targets of different interpreters: once the 3.9 one exits, the
     tables only it mapped (its libpython) leave the kernel; those the 3.12
     one maps stay, libc among them.  (The tables are made while the
@@ -135,6 +163,7 @@ def test_tables_of_an_exited_process_are_freed_and_the_others_kept(bpf):
     from pyoffcpu.collect import platform as plat
     from pyoffcpu.collect.recording import Options
     from pyoffcpu.collect.session import Session
+    monkeypatch.setattr(loader, "KEEP_UNUSED_S", 1.0)     # not 10 s, in an 8 s recording
     py39, py312 = python_or_skip("pyenv-3.9"), python_or_skip("pyenv-3.12")
     loop = "import time\nwhile True: time.sleep(0.01)"
     a = subprocess.Popen([py39, "-c", loop])

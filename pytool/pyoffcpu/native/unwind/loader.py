@@ -16,7 +16,8 @@ reused PID), so no table in use is missing from them, except where BPF copies
 a parent's entry to a child it follows (--subprocesses, `copies`): there a
 table no written entry uses is freed only if `unwind_procs` itself has no
 entry that refers to it.  And a table goes only when two looks at least
-COLLECT_S apart found it unused: a BPF program that read an entry before
+COLLECT_S apart found it unused (and every look in between, KEEP_UNUSED_S
+long, while slots are plenty): a BPF program that read an entry before
 the first look has long finished, and what it wrote is seen by the second.
 A slot that is cleared makes a lookup fail (no row: that frame is walked
 by frame pointer), never find another file's rows; the kernel frees the
@@ -47,6 +48,11 @@ from .stacks import WalkedStacks
 ROW_SIZE = T.ROW.size
 COLLECT_S = 0.5                         # between the two looks that free a table
 COLLECT_IDLE_S = 5.0                    # a look even when nothing changed
+# A table unused this long goes (sooner when few slots are left): short jobs
+# one after another map the same files again at once, and each free costs
+# the kernel a grace period (~12 ms here) besides the load that follows
+KEEP_UNUSED_S = 10.0
+FREES_PER_LOOK = 4                      # ... and a few at a look (the loop waits for each)
 LOAD_BYTES = 64 << 20                   # rows put into the kernel per turn of the main loop, at most
 
 
@@ -142,7 +148,7 @@ class NativeUnwinder(WalkedStacks):
         self.tables_freed = 0
         self._procs = self._nstacks = self._files = None
         self._free_slots: List[int] = []
-        self._unreferenced: set = set()     # keys no entry referred to at the last look
+        self._unreferenced: Dict[tuple, float] = {}  # keys no entry referred to -> since (a look's time)
         self._changed = False           # entries written or deleted since the last look
         self._slots_of: Dict[int, set] = {}     # pid -> the slots of the entry user space wrote
         self.copies = False             # BPF copies entries (follow_child): look at them too
@@ -204,7 +210,7 @@ class NativeUnwinder(WalkedStacks):
     # -- object files ---------------------------------------------------------
     def _load(self, key: tuple, t: Optional[T.UnwindTable], name: str) -> Optional[_Loaded]:
         if key in self._objects:
-            self._unreferenced.discard(key)
+            self._unreferenced.pop(key, None)
             return self._objects[key]
         if t is None or not t.nrows:
             self._objects[key] = None       # no table: nothing to load, ever
@@ -331,8 +337,12 @@ class NativeUnwinder(WalkedStacks):
             for _, v in self._procs.items():
                 referenced.update(v.maps[i].file for i in range(min(v.n, MAX_UNWIND_MAPS)))
             unreferenced = {k for k in unreferenced if self._objects[k].slot not in referenced}
+        keep = KEEP_UNUSED_S if len(self._free_slots) > self._files.max_entries // 10 else 0.0
+        since = {k: self._unreferenced.get(k, now) for k in unreferenced}
         freed = 0
-        for k in unreferenced & self._unreferenced:
+        due = [k for k, t in since.items() if k in self._unreferenced and now - t >= keep]
+        for k in due[:FREES_PER_LOOK] if keep else due:
+            del since[k]
             lo = self._objects.pop(k)
             self._tables.pop(k, None)
             try:
@@ -342,7 +352,7 @@ class NativeUnwinder(WalkedStacks):
             self._free_slots.append(lo.slot)
             freed += 1
         self.tables_freed += freed
-        self._unreferenced = unreferenced - self._unreferenced
+        self._unreferenced = since
         return freed
 
     def loaded(self) -> List[str]:
