@@ -97,7 +97,10 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
     b.kind = CR_BIRTH_FORK;
     b.pid = ctgid;
     b.parent = tgid;
-    born(ctx, &b, watch);
+    /* watched as a new image (whatever its parent's entry): the watcher's
+     * rewrite of the filter, which drops the entries it did not put there
+     * as CR_WATCHED, must not drop it before the watcher has read it */
+    born(ctx, &b, watch ? CR_WATCHED_NEW : 0);
     return 0;
 }
 

@@ -32,7 +32,14 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
     struct proc_info *pi = procs.lookup(&tgid);
     if (!pi) {
 #if SYSTEM_WIDE
-        unregistered.atomic_increment(tgid);
+        u64 *n = unregistered.lookup(&tgid);
+        if (n) {
+            __sync_fetch_and_add(n, 1);
+        } else {
+            u64 one = 1;
+            if (unregistered.insert(&tgid, &one) == 0)
+                discover_wakes.perf_submit(ctx, &tgid, sizeof(tgid));
+        }
 #endif
         return;
     }

@@ -1,5 +1,5 @@
-"""Targets reads BPF's life log (bpf/pyoffcpu.h, struct life_event) in
-order, stops at an entry still being written, and looks at everything again
+"""Targets reads BPF's life log (bpf/pyoffcpu.h, struct life_event;
+targets/lifelog.py) in order, stops at an entry still being written, and looks at everything again
 (resync) when the ring went round: built on a buffer laid out as BPF's."""
 import ctypes
 
@@ -40,9 +40,8 @@ def targets(ring):
     t._on_exec = lambda pid, n: seen.append(("exec", pid, n))
     t._on_fork = lambda child, parent, execs: seen.append(("fork", child, parent, execs))
     t.retire = lambda tgt: seen.append(("exit", tgt))
-    t._resync = lambda total: (seen.append(("resync", total)), setattr(t, "_life_seen", total))
-
-    t._life = (ring.count, ring.buf, N, ctypes.sizeof(EVENT))
+    t._resync = lambda: seen.append(("resync", t._life.seen))
+    t._life._maps = (ring.count, ring.buf, N, ctypes.sizeof(EVENT))
     return t, seen
 
 

@@ -49,6 +49,8 @@ MEMO_STATS = {n.lower(): bpfdefs.value("MEMO_" + n) for n in
               ("HIT_THREAD", "HIT_SHARED", "WALKED", "CHECKED", "WRONG", "HIT_WAKE")}
 
 DROP_NAMES = bpfdefs.drop_names()
+POLL_MS = 50                        # the loop's longest wait for BPF's records (sooner when a
+                                    # process found lately is to be looked at again)
 TH = bpfdefs.TH
 GRACE_S = 0.003                     # a BPF program runs for microseconds: after a flip of
                                     # control.gen (or the end mark) none still uses the old value
@@ -102,6 +104,11 @@ class Session(SessionSetup):
 
     # -- set up -------------------------------------------------------------
     # -- events ---------------------------------------------------------------
+    def _on_discover_wake(self, cpu, data, size):
+        """-a: a process sampled before it was registered (its tgid)."""
+        if self.targets is not None:
+            self.targets.woken.append(ctypes.cast(data, ctypes.POINTER(ctypes.c_uint32)).contents.value)
+
     def _on_pystack(self, cpu, data, size):
         raw = ctypes.cast(data, ctypes.POINTER(pystack_type())).contents
         n = min(raw.depth, len(raw.frames))
@@ -462,7 +469,7 @@ class Session(SessionSetup):
             last_drain = start_mono
             deadline = start_mono + o.duration if o.duration else None
             while self.stop_reason is None:
-                self.bpf.perf_buffer_poll(timeout=50)
+                self.bpf.perf_buffer_poll(timeout=targets.poll_timeout_ms(POLL_MS))
                 self._fold_ready()
                 now = time.monotonic()
                 if deadline and now >= deadline:

@@ -38,6 +38,7 @@ from ..cpython import detect
 from ..cpython.code import CodeReader
 from ..kernel.memory import MemoryError_, ProcessMemory
 from ..kernel.procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, start_ticks
+from .lifelog import LifeLog
 from .procinfo import fill_proc_info
 from .selection import Select
 
@@ -126,13 +127,13 @@ class Targets:
         self.not_python = 0                 # -a: processes found without an interpreter
         self.left_out = 0                   # ... of them not taken (--python-only)
         self._execs: Dict[int, int] = {}
-        self._life = None                   # (lookup, fd, key, leaf, log) made at first use
-        self._life_seen = 0                 # entries of the life log handled
+        self._life = LifeLog(bpf)
         self._batching = False
         self._unsettled: List[tuple] = []   # (child, with its interpreter) to finish (_settle_later)
         self.life_resyncs = 0               # times the log went round between two looks
         self.exits_seen = 0                 # targets retired at their exit in the log
         self._tried: Dict[int, int] = {}    # -a: unregistered pid -> its sample count when tried
+        self.woken: List[int] = []          # -a: processes BPF sampled before their registration
         self._liveness_s = LIVENESS_S if exit_events else SNAPSHOT_S
         self._last_snapshot = self._last_liveness = time.monotonic()
         self._last_sampled = 0.0
@@ -321,65 +322,35 @@ class Targets:
                     f"process {pid} ({comm}) is not a Python process: profiling native stacks only")
 
     def check_life(self):
-        """What BPF's life log says happened since the last look, in order:
-        execs, forks of followed targets, exits.  If the ring went round
-        meanwhile (more than half of it is new) or an entry was rewritten
-        while read, every process is looked at again instead (_resync):
-        exact either way."""
-        if self._life is None:
-            import mmap
-            total, log = self.bpf["life_total"], self.bpf["life_log"]
-            size = -(-log.max_entries * ctypes.sizeof(log.Leaf) // mmap.PAGESIZE) * mmap.PAGESIZE
-            # both mapped: a look that finds nothing new makes no system call
-            self._life = (mmap.mmap(total.map_fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ),
-                          mmap.mmap(log.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ),
-                          log.max_entries, ctypes.sizeof(log.Leaf))
-        count, log, n, esize = self._life
-        total = struct.unpack_from("<Q", count, 0)[0]
-        i = self._life_seen
-        if total == i:
-            return
-        if total - i > n // 2:
-            self._resync(total)
+        """What BPF's life log (lifelog.py) says happened since the last
+        look, in order: execs, forks of followed targets, exits.  If it
+        lost entries, every process is looked at again (_resync): exact
+        either way."""
+        events, lost = self._life.read()
+        if not events and lost is None:
             return
         self._batching = True
         try:
-            self._read_log(log, n, esize, i, total)
+            for kind, tgid, arg in events:
+                if kind == bpfdefs.LIFE_EXEC:
+                    self._on_exec(tgid, arg)
+                elif kind == bpfdefs.LIFE_FORK:
+                    self._on_fork(tgid, arg & 0xffffffff, arg >> 32)
+                elif kind == bpfdefs.LIFE_EXIT:
+                    tgt = self.by_pid.get(tgid)
+                    if tgt is not None and not tgt.retired:
+                        self.exits_seen += 1
+                        self.retire(tgt)
         finally:
             self._batching = False
+        if lost is not None:
+            self._resync()
         self._settle_children()
 
-    def _read_log(self, log, n: int, esize: int, i: int, total: int):
-        entry = bpfdefs.struct_type("life_event")
-        while i < total:
-            off = (i % n) * esize
-            e = entry.from_buffer_copy(log, off)
-            seq, kind, tgid, arg = e.seq, e.kind, e.tgid, e.arg
-            if seq != i + 1:
-                if seq == 0 or seq <= i:
-                    break               # being written: read it at the next look
-                self._resync(total)     # rewritten: the ring went round
-                return
-            if struct.unpack_from("<Q", log, off)[0] != seq:
-                self._resync(total)     # rewritten while read
-                return
-            i += 1
-            self._life_seen = i
-            if kind == bpfdefs.LIFE_EXEC:
-                self._on_exec(tgid, arg)
-            elif kind == bpfdefs.LIFE_FORK:
-                self._on_fork(tgid, arg & 0xffffffff, arg >> 32)
-            elif kind == bpfdefs.LIFE_EXIT:
-                tgt = self.by_pid.get(tgid)
-                if tgt is not None and not tgt.retired:
-                    self.exits_seen += 1
-                    self.retire(tgt)
-
-    def _resync(self, total: int):
+    def _resync(self):
         """The log lost entries: every exec count and fork BPF keeps in its
         maps, and every target's liveness, read again."""
         self.life_resyncs += 1
-        self._life_seen = total
         if self.follow:
             for child, v in self._pairs("forks").items():
                 self._on_fork(child, v & 0xffffffff, v >> 32)
@@ -406,7 +377,7 @@ class Targets:
             # walking it with the old registration at the fork)
             self.retire(tgt)
         if self.select is not None:
-            self.discover(pid, launched=True)
+            self.discover(pid)
 
     def _on_fork(self, child: int, parent: int, parent_execs: int):
         """--subprocesses: a child BPF registered at its fork."""
@@ -497,6 +468,12 @@ class Targets:
         (under -a the maps of those in `sampled` only, the processes the last
         drain had samples of: the others have no addresses to name)."""
         self.check_life()
+        if self.woken:
+            # -a: sampled for the first time and not registered: just
+            # exec'd, most of them (their interpreter may still be starting)
+            woken, self.woken = self.woken, []
+            for pid in woken:
+                self.discover(pid)
         for tgt in self:
             if not tgt.settled and now >= tgt.next_try:
                 self.find_python(tgt)
@@ -530,6 +507,15 @@ class Targets:
         if self.select is not None and not self.select.filtered and now - self._last_sampled >= SAMPLED_S:
             self._last_sampled = now
             self._discover_sampled()
+
+    def poll_timeout_ms(self, longest: int) -> int:
+        """How long the loop may wait for BPF before poll() is due: at most
+        `longest`, less when a process still starting is to be looked at
+        again (RETRY_FIRST_S after it was found, ...)."""
+        due = min((t.next_try for t in self if not t.settled), default=None)
+        if due is None:
+            return longest
+        return max(0, min(longest, int((due - time.monotonic()) * 1000) + 1))
 
     def check_liveness(self):
         """Retire the targets whose process is gone or is another's now
@@ -584,14 +570,17 @@ class Targets:
             if name.isdigit():
                 self.discover(int(name))
 
-    def discover(self, pid: int, launched: bool = False) -> Optional[Target]:
+    def discover(self, pid: int) -> Optional[Target]:
         """A process met by -a (at the start, at its exec, in the samples):
-        taken if the selection wants it; kernel threads too, natively."""
+        taken if the selection wants it; kernel threads too, natively.  It
+        may be starting (met at its exec, at its first sample, or by the
+        scan at the start): its interpreter is looked for again while it
+        may become Python (a launched command's rule)."""
         if pid in (0, self.self_pid) or pid in self.by_pid or self.select is None:
             return None
         if not self.select.wants(pid):
             return None
-        tgt = Target(pid, launched)    # launched: it has just exec'd, give it time
+        tgt = Target(pid, launched=True)
         if not tgt.start_ticks:
             return None                 # gone already
         tgt.epoch = self.new_epoch()
