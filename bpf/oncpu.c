@@ -38,7 +38,7 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
         } else {
             u64 one = 1;
             if (unregistered.insert(&tgid, &one) == 0)
-                discover_wakes.perf_submit(ctx, &tgid, sizeof(tgid));
+                loop_wakes.perf_submit(ctx, &tgid, sizeof(tgid));
         }
 #endif
         return;

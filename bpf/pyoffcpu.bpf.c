@@ -63,12 +63,11 @@ BPF_HASH(forks, u32, u64, 4096);
 /* SYSTEM_WIDE: samples of each process that had no procs entry yet (user
  * space registers every process it finds here; the count is what it missed). */
 BPF_HASH(unregistered, u32, u64, 4096);
-#if SYSTEM_WIDE
-/* -a: a process's first sample without a registration (its entry in
- * `unregistered` made): its tgid, so user space takes it at once instead of
- * at its next look at `unregistered` */
-BPF_PERF_OUTPUT(discover_wakes);
-#endif
+/* A tgid that ends user space's wait at once: under -a, a process's first
+ * sample without a registration (its entry in `unregistered` made), taken
+ * then instead of at the next look at `unregistered`; else a target's exec,
+ * whose new image is read then instead of at the loop's next turn. */
+BPF_PERF_OUTPUT(loop_wakes);
 BPF_STACK_TRACE(ustacks, 32768);
 BPF_STACK_TRACE(kstacks, 16384);
 BPF_PERCPU_ARRAY(scratch, struct pystack, 3);   /* 0: on-CPU program, 1: sched_switch, 2: sched_waking */

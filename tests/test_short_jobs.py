@@ -1,7 +1,7 @@
 """-a and processes that live less than a look at /proc (issue 39): short
 Python jobs started one after another during the recording.  BPF tells
 user space of a process's first sample without a registration at once
-(discover_wakes), and its interpreter is looked for again while it starts,
+(loop_wakes), and its interpreter is looked for again while it starts,
 so a job's samples have its Python frames from the moment its interpreter
 has bound its thread state.  Known truth: each job spends 0.3 s of CPU in
 work(), all but its start-up (~10-30 ms: the interpreter's own, with no

@@ -113,3 +113,42 @@ def test_children_running_before_the_start_are_taken_too(tmp_path, bpf):
         names = {f.name for k in prof.weights if k.pid == pid for f in k.frames
                  if f.kind is FrameKind.PYTHON}
         assert "work" in names, (pid, names)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
+    """Workers that live one task each (~0.4 s, less than a look at /proc):
+    forked ones have the parent's registration from their first
+    instruction; spawned ones are read at their exec (BPF's loop_wakes
+    ends the loop's wait), so only their interpreter's start-up (imports,
+    ~10% of 0.4 s) is outside task(), and nearly all of it has Python
+    frames."""
+    w = Workload(python_or_skip("debian-3.11"), "short_pool.py", method, 60)
+    out = tmp_path / "out.folded"
+    try:
+        rec = subprocess.Popen(pyoffcpu_cmd("--subprocesses", "-p", str(w.pid), "-d", "30",
+                                            "--mode", "cpu", "-o", str(out)),
+                               env=env(), stderr=subprocess.PIPE, text=True)
+        wait_for_recording(rec)
+        os.kill(w.pid, signal.SIGUSR1)          # the pool starts now
+        stderr = rec.communicate(timeout=120)[1]
+        assert rec.returncode == 0, stderr
+    finally:
+        w.stop()
+    prof = from_folded(out.read_text())
+    on, with_py, in_task = {}, {}, {}
+    for k, ns in prof.weights.items():
+        if k.pid == w.pid or k.off_cpu is not None:
+            continue
+        on[k.pid] = on.get(k.pid, 0) + ns
+        names = py_names(k)
+        if names:
+            with_py[k.pid] = with_py.get(k.pid, 0) + ns
+        if names and names[-1][0] == "task":
+            in_task[k.pid] = in_task.get(k.pid, 0) + ns
+    workers = [p for p in on if on[p] >= 0.2e9]
+    shares = sorted((with_py.get(p, 0) / on[p], in_task.get(p, 0) / on[p]) for p in workers)
+    print(f"\n{method}: {len(workers)} workers; (with Python frames, in task) {shares}")
+    assert len(workers) == 8, (on, stderr)
+    assert all(py >= 0.9 for py, _ in shares), shares
+    assert sum(in_task.get(p, 0) for p in workers) >= 0.85 * sum(on[p] for p in workers), shares

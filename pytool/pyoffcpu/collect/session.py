@@ -104,8 +104,9 @@ class Session(SessionSetup):
 
     # -- set up -------------------------------------------------------------
     # -- events ---------------------------------------------------------------
-    def _on_discover_wake(self, cpu, data, size):
-        """-a: a process sampled before it was registered (its tgid)."""
+    def _on_loop_wake(self, cpu, data, size):
+        """-a: a process sampled before it was registered; else a target
+        that exec'd (its tgid): Targets.poll looks at it now."""
         if self.targets is not None:
             self.targets.woken.append(ctypes.cast(data, ctypes.POINTER(ctypes.c_uint32)).contents.value)
 

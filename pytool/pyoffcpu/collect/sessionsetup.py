@@ -201,9 +201,9 @@ class SessionSetup:
         self._write_control(offcpu=self._offcpu_mode())
         self.bpf["pystack_events"].open_perf_buffer(self._on_pystack, page_cnt=256,
                                                      lost_cb=self._on_lost)
-        if o.every_process:
-            # a process's first sample with no registration: taken at once
-            self.bpf["discover_wakes"].open_perf_buffer(self._on_discover_wake, page_cnt=8)
+        # -a: a process's first sample with no registration; else a target's
+        # exec: read at once
+        self.bpf["loop_wakes"].open_perf_buffer(self._on_loop_wake, page_cnt=8)
         # tests: the threads folded here before the kernel's fold is on are in its view too
         self.accounts.fold_shadow = bool(self._fold_mode() & bpfdefs.FOLD_SHADOW)
         # The programs that finish each sample (and walk native stacks from

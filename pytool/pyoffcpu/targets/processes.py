@@ -133,7 +133,7 @@ class Targets:
         self.life_resyncs = 0               # times the log went round between two looks
         self.exits_seen = 0                 # targets retired at their exit in the log
         self._tried: Dict[int, int] = {}    # -a: unregistered pid -> its sample count when tried
-        self.woken: List[int] = []          # -a: processes BPF sampled before their registration
+        self.woken: List[int] = []          # BPF's loop_wakes since the last poll
         self._liveness_s = LIVENESS_S if exit_events else SNAPSHOT_S
         self._last_snapshot = self._last_liveness = time.monotonic()
         self._last_sampled = 0.0
@@ -470,9 +470,10 @@ class Targets:
         self.check_life()
         if self.woken:
             # -a: sampled for the first time and not registered: just
-            # exec'd, most of them (their interpreter may still be starting)
+            # exec'd, most of them (their interpreter may still be starting);
+            # else targets that exec'd, which the life log just told
             woken, self.woken = self.woken, []
-            for pid in woken:
+            for pid in woken if self.select is not None else ():
                 self.discover(pid)
         for tgt in self:
             if not tgt.settled and now >= tgt.next_try:
