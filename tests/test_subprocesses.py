@@ -152,3 +152,26 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     assert len(workers) == 8, (on, stderr)
     assert all(py >= 0.9 for py, _ in shares), shares
     assert sum(in_task.get(p, 0) for p in workers) >= 0.85 * sum(on[p] for p in workers), shares
+
+
+def test_children_blocked_before_their_parent_is_found_get_their_own_frames(tmp_path, bpf):
+    """A launched command forks two children at once, which sleep from their
+    start: blocked before the parent's interpreter was found, so BPF took
+    their waits without Python frames.  Once it is found, each child's
+    frames are read from its own memory (not its parent's, whose
+    description it shares; and under the id of its one thread, which 3.11
+    leaves the parent's in the thread state) and given to its open wait.
+    --off-cpu exact: sampled, a wait's stack is taken at its end, and a
+    child that exits right after has no memory left to name its code
+    objects (a known limit)."""
+    python = python_or_skip("debian-3.11")
+    res, prof = record_folded(tmp_path, "--subprocesses", "--off-cpu", "exact", "--", python,
+                              os.path.join(WORKLOADS, "sleepy_children.py"), "2")
+    parent = min(prof.processes)
+    nap = source_line("sleepy_children.py", "# NAP")
+    for pid in sorted(p for p in prof.processes if p != parent):
+        off = sum(ns for k, ns in prof.weights.items() if k.pid == pid and k.off_cpu is not None)
+        in_nap = sum(ns for k, ns in prof.weights.items()
+                     if k.pid == pid and k.off_cpu is not None and ("nap", nap) in py_names(k))
+        assert off > 1.8e9 and in_nap >= 0.99 * off, (pid, in_nap, off, res.stderr)
+    assert len(prof.processes) == 3, prof.processes

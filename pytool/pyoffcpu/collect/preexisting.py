@@ -109,7 +109,14 @@ class BlockedThreads:
     def thread_stacks(self, tgt, tids) -> Dict[int, tuple]:
         """host tid -> (frames, truncated): the Python stacks of tgt's threads
         read from its memory now (walker.all_thread_stacks)."""
-        return self._host_ids(tgt, walker.all_thread_stacks(tgt.python), tids)
+        by_tid = walker.all_thread_stacks(tgt.python, tgt.pid)    # a child shares its parent's
+        if len(by_tid) == 1 and len(tids) == 1 and tgt.pid not in self.s.rec.ns_ids:
+            # a fork's child has one thread, whose thread state may still
+            # carry the id of the parent's thread that forked (3.11 does not
+            # update native_thread_id in the child): it is that thread's
+            (frames,) = by_tid.values()
+            return {next(iter(tids)): frames}
+        return self._host_ids(tgt, by_tid, tids)
 
     def _host_ids(self, tgt, by_tid: Dict[int, object], tids) -> Dict[int, object]:
         """by_tid keyed by the host's ids of the threads: CPython keeps the

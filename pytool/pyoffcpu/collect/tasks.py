@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ..cpython import asyncio_tasks as A
-from ..kernel.memory import MemoryError_
+from ..kernel.memory import MemoryError_, ProcessMemory
 
 DEFAULT_HZ = 100
 MAX_SHARE = 0.05                 # of one core, for all snapshots together
@@ -138,7 +138,8 @@ class TaskSampler:
         if pp is None or time.monotonic() < self._retry.get(pid, 0.0):
             return None
         try:
-            r = A.TaskReader(pp)
+            # a fork's child shares its parent's description: its own memory
+            r = A.TaskReader(pp, ProcessMemory(pid) if pid != pp.pid else None)
         except A.AsyncioUnavailable as e:
             self._retry[pid] = time.monotonic() + RETRY_S
             if pp.minor < (3, 11) or pp.free_threaded:

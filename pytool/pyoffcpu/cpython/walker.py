@@ -78,11 +78,12 @@ def thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, int]:
     return out
 
 
-def all_thread_stacks(pp: PythonProcess) -> Dict[int, Tuple[Frames, bool]]:
-    """tid -> (frames, truncated) for every Python thread; threads whose
+def all_thread_stacks(pp: PythonProcess, pid: Optional[int] = None) -> Dict[int, Tuple[Frames, bool]]:
+    """tid -> (frames, truncated) for every Python thread of pp's process,
+    or of process pid, a copy of pp's image (a fork's child); threads whose
     structures cannot be read are left out."""
     out = {}
-    mem = ProcessMemory(pp.pid)
+    mem = ProcessMemory(pp.pid if pid is None else pid)
     try:
         for tid, ts in thread_states(mem, pp).items():
             try:
