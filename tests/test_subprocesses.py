@@ -154,18 +154,19 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     assert sum(in_task.get(p, 0) for p in workers) >= 0.85 * sum(on[p] for p in workers), shares
 
 
-def test_children_blocked_before_their_parent_is_found_get_their_own_frames(tmp_path, bpf):
+@pytest.mark.parametrize("offcpu", ["exact", "sampled"])
+def test_children_blocked_before_their_parent_is_found_get_their_own_frames(tmp_path, bpf, offcpu):
     """A launched command forks two children at once, which sleep from their
-    start: blocked before the parent's interpreter was found, so BPF took
-    their waits without Python frames.  Once it is found, each child's
-    frames are read from its own memory (not its parent's, whose
-    description it shares; and under the id of its one thread, which 3.11
-    leaves the parent's in the thread state) and given to its open wait.
-    --off-cpu exact: sampled, a wait's stack is taken at its end, and a
-    child that exits right after has no memory left to name its code
-    objects (a known limit)."""
+    start: blocked before the parent's interpreter was found.  Once it is
+    found, each child's frames are read from its own memory (not its
+    parent's, whose description it shares; and under the id of its one
+    thread, which 3.11 leaves the parent's in the thread state).  Exact:
+    BPF took their waits without Python frames, and the frames read are
+    given to the open wait.  Sampled: the wait's stack is taken at its end,
+    just before the child exits; its code objects were read (named) while
+    it lived."""
     python = python_or_skip("debian-3.11")
-    res, prof = record_folded(tmp_path, "--subprocesses", "--off-cpu", "exact", "--", python,
+    res, prof = record_folded(tmp_path, "--subprocesses", "--off-cpu", offcpu, "--", python,
                               os.path.join(WORKLOADS, "sleepy_children.py"), "2")
     parent = min(prof.processes)
     nap = source_line("sleepy_children.py", "# NAP")

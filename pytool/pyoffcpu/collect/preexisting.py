@@ -168,6 +168,8 @@ class BlockedThreads:
                     if st.key.tgid == pid and not st.key.pystack}
         before = open_now()
         if not before:
+            if self.s.rec.offcpu != "exact":
+                self._name_blocked(tgt)
             return
         stacks = self.thread_stacks(tgt, before)
         after = open_now()
@@ -180,6 +182,21 @@ class BlockedThreads:
             leaf.ts, leaf.pystack = ts, pyhash
             update_elem(fix.map_fd, fix.Key(tid), leaf)
             self.fixes[tid] = (ts, pyhash)
+
+    def _name_blocked(self, tgt):
+        """Sampled off-CPU stacks: a wait's stack is taken at its end, and a
+        thread blocked since before its process was registered (a child
+        asleep from its fork) may end it just before its process exits,
+        leaving no memory to name the code objects by.  They are read now,
+        while it lives (its reader keeps what it read, by address: a code
+        object on a live stack is not freed)."""
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{tgt.pid}/task")]
+            for frames, _ in self.thread_stacks(tgt, tids).values():
+                for code, _, _ in frames:
+                    tgt.reader.code(code)
+        except (OSError, ValueError):
+            pass
 
     def _open_at_end(self, start_ns: int, end_ns: int, since: int) -> int:
         """The part inside the recording of a wait open at the end mark,
