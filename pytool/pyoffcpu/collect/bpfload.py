@@ -36,6 +36,7 @@ the Program they make up and load().
 from __future__ import annotations
 
 import base64
+import ctypes
 import fcntl
 import json
 import os
@@ -52,6 +53,14 @@ from ..kernel.bpfsys import (AUTOLOAD_PREFIX, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_ST
 from .progcache import (CacheError, cache_key, check_entry, compile_in_child, default_cache_dir, one_line,
                         read_entry, safe_dir, write_entry)
 from .tables import TABLE_TYPES, Table, check_sizes, ctype_of, lib_bpf
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _EpollEvent(ctypes.Structure):
+    """struct epoll_event (packed on x86-64)."""
+    _pack_ = 1
+    _fields_ = [("events", ctypes.c_uint32), ("data", ctypes.c_uint64)]
 
 # -- the loaded programs ----------------------------------------------------------------------------
 def _b(name) -> bytes:
@@ -73,6 +82,8 @@ class Program:
         self.raw_tracepoint_fds: Dict[bytes, int] = {}
         self.open_perf_events: Dict[tuple, Dict[int, int]] = {}
         self._perf_buffers: list = []
+        self._waiter = -1               # epoll set of the perf buffers, when several
+        self._waited = 0                # ... how many of them it holds
         self._specs = {m["name"]: m for m in entry["maps"]}
         self._progs = {p["name"]: p for p in entry["programs"]}
         self._map_fds: Dict[str, int] = {}
@@ -230,20 +241,37 @@ class Program:
         if len(self._perf_buffers) == 1:
             lib.perf_buffer__poll(self._perf_buffers[0][0], timeout)
             return
-        # several: a wait on all of them at once (each buffer's epoll fd),
-        # then each one read whole; a wait on the first alone would leave
-        # the others' records unread until it ends.  (The wait takes the
-        # per-CPU buffers' readiness, which perf_buffer__poll would wait
-        # for: perf_buffer__consume reads every CPU's buffer regardless.)
-        waiter = select.poll()
-        for pb, _, _ in self._perf_buffers:
-            waiter.register(lib.perf_buffer__epoll_fd(pb), select.POLLIN)
-        try:
-            waiter.poll(timeout)
-        except InterruptedError:
-            pass
+        # several: a wait on all of them at once (one epoll set holding each
+        # buffer's epoll fd), then each one read whole; a wait on the first
+        # alone would leave the others' records unread until it ends.  (The
+        # wait takes the per-CPU buffers' readiness, which perf_buffer__poll
+        # would wait for: perf_buffer__consume reads every CPU's buffer
+        # regardless.)  The wait is libc's epoll_wait, which a signal ends
+        # (EINTR), as it ends perf_buffer__poll's: Python's select retries
+        # it, and a Ctrl-C would wait out the timeout.
+        self.wait_on_buffers()
+        # what is there already is read without waiting (a record that came
+        # before the epoll set was made has woken no one)
+        ready = sum(max(lib.perf_buffer__poll(pb, 0), 0) for pb, _, _ in self._perf_buffers)
+        if self._waiter >= 0 and not ready:
+            ev = _EpollEvent()
+            _libc.epoll_wait(self._waiter, ctypes.byref(ev), 1, timeout)
         for pb, _, _ in self._perf_buffers:
             lib.perf_buffer__consume(pb)
+
+    def wait_on_buffers(self):
+        """The perf buffers opened so far in the epoll set perf_buffer_poll
+        waits on (made with the second buffer, so a record that comes
+        before the first poll wakes it too)."""
+        if len(self._perf_buffers) < 2:
+            return
+        if self._waiter < 0:
+            self._waiter, self._waited = _libc.epoll_create1(os.O_CLOEXEC), 0
+        lib = lib_bpf()
+        for pb, _, _ in self._perf_buffers[self._waited:] if self._waiter >= 0 else ():
+            ev = _EpollEvent(select.EPOLLIN, 0)
+            _libc.epoll_ctl(self._waiter, 1, lib.perf_buffer__epoll_fd(pb), ctypes.byref(ev))
+            self._waited += 1
 
     # -- maps
     def __getitem__(self, name):
@@ -273,6 +301,9 @@ class Program:
             lib = lib_bpf()
             for pb, _, _ in self._perf_buffers:
                 lib.perf_buffer__free(pb)
+            if self._waiter >= 0:
+                os.close(self._waiter)
+                self._waiter = -1
             self._perf_buffers = []
         for name in list(self.funcs):
             os.close(self.funcs.pop(name).fd)

@@ -110,7 +110,8 @@ class BlockedThreads:
         """host tid -> (frames, truncated): the Python stacks of tgt's threads
         read from its memory now (walker.all_thread_stacks)."""
         by_tid = walker.all_thread_stacks(tgt.python, tgt.pid)    # a child shares its parent's
-        if len(by_tid) == 1 and len(tids) == 1 and tgt.pid not in self.s.rec.ns_ids:
+        if len(by_tid) == 1 and len(tids) == 1 and tgt.pid not in self.s.rec.ns_ids \
+                and not set(by_tid) & set(tids) and _one_thread(tgt.pid):
             # a fork's child has one thread, whose thread state may still
             # carry the id of the parent's thread that forked (3.11 does not
             # update native_thread_id in the child): it is that thread's
@@ -285,6 +286,14 @@ class BlockedThreads:
             got = self.s.unwinder.walk_captured(pid, cap)
             if got is not None:
                 self.s.rec.ustacks[sid], self.s.rec.native_flags[sid] = got
+
+
+def _one_thread(pid: int) -> bool:
+    """Has the process exactly one thread (its main one)?"""
+    try:
+        return os.listdir(f"/proc/{pid}/task") == [str(pid)]
+    except OSError:
+        return False
 
 
 def state_kind(pid: int, tid: int) -> int:

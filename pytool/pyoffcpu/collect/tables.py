@@ -352,6 +352,7 @@ class PerfEventArray(Array):
         if not pb:
             raise Exception(f"Could not open perf buffer: {os.strerror(ct.get_errno())}")
         self.bpf._perf_buffers.append((pb, sample, lost))
+        self.bpf.wait_on_buffers()
 
 
 TABLE_TYPES = {BPF_MAP_TYPE_HASH: HashTable, BPF_MAP_TYPE_LRU_HASH: HashTable, BPF_MAP_TYPE_ARRAY: Array, BPF_MAP_TYPE_PROG_ARRAY: ProgArray,
