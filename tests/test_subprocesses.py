@@ -77,9 +77,17 @@ def test_pool_of_a_registered_process_has_frames_from_each_fork(tmp_path, bpf, l
             label, os.path.join(chroot_workloads(), "pool.py"), 1, 60, proc=True))
     else:
         w = Workload(python, "pool.py", 1, 60)
+    res, prof = record_pool(tmp_path, w)
+    check_pool(prof, res, w.pid, min_work_s=0.97)
+
+
+def record_pool(tmp_path, w, *args):
+    """`--subprocesses -p` on workload w (a pool.py-like one waiting for
+    SIGUSR1), the pool started once it records: (CompletedProcess, Profile)."""
     out = tmp_path / "out.folded"
     try:
-        rec = subprocess.Popen(pyoffcpu_cmd("--subprocesses", "-p", str(w.pid), "-d", "30", "-o", str(out)),
+        rec = subprocess.Popen(pyoffcpu_cmd("--subprocesses", "-p", str(w.pid), "-d", "30", *args,
+                                            "-o", str(out)),
                                env=env(), stderr=subprocess.PIPE, text=True)
         wait_for_recording(rec)
         os.kill(w.pid, signal.SIGUSR1)          # the pool starts now
@@ -87,8 +95,7 @@ def test_pool_of_a_registered_process_has_frames_from_each_fork(tmp_path, bpf, l
         assert rec.returncode == 0, stderr
     finally:
         w.stop()
-    res = subprocess.CompletedProcess(rec.args, 0, "", stderr)
-    check_pool(from_folded(out.read_text()), res, w.pid, min_work_s=0.97)
+    return subprocess.CompletedProcess(rec.args, 0, "", stderr), from_folded(out.read_text())
 
 
 def test_without_the_flag_children_are_not_profiled(tmp_path, bpf):
@@ -124,18 +131,7 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     ~10% of 0.4 s) is outside task(), and nearly all of it has Python
     frames."""
     w = Workload(python_or_skip("debian-3.11"), "short_pool.py", method, 60)
-    out = tmp_path / "out.folded"
-    try:
-        rec = subprocess.Popen(pyoffcpu_cmd("--subprocesses", "-p", str(w.pid), "-d", "30",
-                                            "--mode", "cpu", "-o", str(out)),
-                               env=env(), stderr=subprocess.PIPE, text=True)
-        wait_for_recording(rec)
-        os.kill(w.pid, signal.SIGUSR1)          # the pool starts now
-        stderr = rec.communicate(timeout=120)[1]
-        assert rec.returncode == 0, stderr
-    finally:
-        w.stop()
-    prof = from_folded(out.read_text())
+    res, prof = record_pool(tmp_path, w, "--mode", "cpu")
     on, with_py, in_task = {}, {}, {}
     for k, ns in prof.weights.items():
         if k.pid == w.pid or k.off_cpu is not None:
@@ -149,7 +145,7 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     workers = [p for p in on if on[p] >= 0.2e9]
     shares = sorted((with_py.get(p, 0) / on[p], in_task.get(p, 0) / on[p]) for p in workers)
     print(f"\n{method}: {len(workers)} workers; (with Python frames, in task) {shares}")
-    assert len(workers) == 8, (on, stderr)
+    assert len(workers) == 8, (on, res.stderr)
     assert all(py >= 0.9 for py, _ in shares), shares
     assert sum(in_task.get(p, 0) for p in workers) >= 0.85 * sum(on[p] for p in workers), shares
 
