@@ -28,7 +28,7 @@ import zlib
 from typing import Dict, List, Optional, Tuple
 
 from ..profile.model import FrameKind, Profile, off_cpu_marker
-from ..native.unwind.ehframe import read_uleb    # a protobuf varint is an unsigned LEB128
+from ..leb128 import read_uleb    # a protobuf varint is an unsigned LEB128
 
 KERNEL_MAPPING = "[kernel.kallsyms]"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-from .unwind.ehframe import read_sleb, read_uleb
+from ..leb128 import read_sleb, read_uleb
 
 U64_MAX = (1 << 64) - 1
 
