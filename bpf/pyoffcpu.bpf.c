@@ -83,6 +83,12 @@ BPF_HASH(wake_agg, struct wake_key, struct stack_value, 65536);
 /* Per CPU: how deep in interrupt handlers (0), and in timer expiries (1). */
 BPF_PERCPU_ARRAY(irq_depth, u32, 2);
 #endif
+#ifndef TIMELINE
+#define TIMELINE 0
+#endif
+#if TIMELINE
+BPF_PERF_OUTPUT(timeline);          /* struct timeline_event: --timeline */
+#endif
 /* Waits left out by --min-block-us / --max-block-us: 0 how many, 1 their ns. */
 BPF_PERCPU_ARRAY(block_filtered, u64, 2);
 /* The kernel's fold of ended threads (pyoffcpu.h, fold_exit). */
@@ -189,6 +195,31 @@ static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp, u64 *bx)
     return 0;
 #endif
 }
+
+#if TIMELINE
+/* --timeline: one wait (end: its switch-in) or on-CPU sample (end 0) of the
+ * thread named comm, with its stack key, to user space.  A wait's waker is
+ * the thread that woke it after it began (--wakers).  A full buffer loses
+ * the event (user space counts what perf reports lost). */
+static __always_inline void timeline_send(void *ctx, struct stack_key *key, u64 begin, u64 end,
+                                          char *comm)
+{
+    struct timeline_event ev = {};
+    __builtin_memcpy(&ev.key, key, sizeof(ev.key));
+    ev.begin = begin;
+    ev.end = end;
+    __builtin_memcpy(ev.comm, comm, sizeof(ev.comm));
+#if WAKERS
+    struct waker_t *w = end ? last_waker.lookup(&key->tid) : 0;
+    if (w && w->ts >= begin && w->kind == WAKER_TASK) {
+        ev.wake_ts = w->ts;
+        ev.waker_tgid = w->tgid;
+        ev.waker_tid = w->tid;
+    }
+#endif
+    timeline.perf_submit(ctx, &ev, sizeof(ev));
+}
+#endif
 
 /* Inlined by the loader (session._bpf_source): bcc rewrites map calls such
  * as table.lookup() only in the main file. */

@@ -165,6 +165,7 @@ struct control_t {
     unsigned long long max_block_ns;    /* --max-block-us (0: none): longer ones too */
     unsigned int fold;              /* FOLD_*: ended threads folded here (fold_exit) */
     unsigned int offcpu;            /* OFFCPU_*: where a wait's stack is taken */
+    unsigned long long timeline_min_ns; /* --timeline: the shortest wait sent (user space raises it) */
 };
 /* control.offcpu.  OFFCPU_EXACT: a stack at every switch-out, as the thread
  * leaves the CPU.  OFFCPU_SAMPLED: the switch-out keeps the wait's kind and
@@ -279,6 +280,19 @@ struct thread_t {
 struct offcpu_start {
     struct stack_key key;
     unsigned long long ts;
+};
+
+/* --timeline (TIMELINE): one wait of at least control.timeline_min_ns as it
+ * ends (its stack taken at its switch-out: OFFCPU_EXACT), or one on-CPU
+ * sample, sent to user space whole (the `timeline` perf buffer) with its
+ * stack key, which the drains resolve as agg's. */
+struct timeline_event {
+    struct stack_key key;
+    unsigned long long begin;       /* bpf_ktime_get_ns: the wait's switch-out; the sample's time */
+    unsigned long long end;         /* the wait's switch-in; 0: an on-CPU sample */
+    unsigned long long wake_ts;     /* --wakers: when a thread woke the wait (0: not known) */
+    unsigned int waker_tgid, waker_tid;
+    char comm[16];                  /* the thread's name */
 };
 
 /* A Python stack user space read for a thread that blocked before its

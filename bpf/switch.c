@@ -87,7 +87,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         bpf_probe_read_kernel(&next_tid, sizeof(next_tid), (void *)(next + TASK_PID_OFF));
 #endif
         if (next_tid)
-            switch_in(ctl, next_tid, now, next);
+            switch_in(ctx, ctl, next_tid, now, next);
     }
 
     /* Switch-out: prev is current (bpf_get_current_pid_tgid is its), so

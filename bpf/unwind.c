@@ -550,5 +550,10 @@ int unwind_perf(struct bpf_perf_event_data *ctx)
         unwind_store(s);
     }
     add_time(&s->key, SAMPLE_PERIOD_NS);
+#if TIMELINE
+    char comm[16];
+    bpf_get_current_comm(comm, sizeof(comm));
+    timeline_send(ctx, &s->key, bpf_ktime_get_ns(), 0, comm);
+#endif
     return 0;
 }

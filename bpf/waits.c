@@ -67,7 +67,8 @@ static __always_inline void owe_capture(struct thread_t *th, u32 tid, u32 kind, 
 
 /* A wait ends, its stack taken at its switch-out (TH_CAPTURED: offcpu_start
  * holds its key): its time goes to that key. */
-static __always_inline void exact_close(struct control_t *ctl, struct thread_t *th, u32 tid, u64 now)
+static __always_inline void exact_close(void *ctx, struct control_t *ctl, struct thread_t *th, u32 tid,
+                                        u64 now)
 {
     struct offcpu_start *st = offcpu_start.lookup(&tid);
     if (!st) {
@@ -86,6 +87,10 @@ static __always_inline void exact_close(struct control_t *ctl, struct thread_t *
     th->off_ns += ns;
 #if WAKERS
     add_wake(tid, st->ts, &key, ns);
+#endif
+#if TIMELINE
+    if (len >= ctl->timeline_min_ns)
+        timeline_send(ctx, &key, st->ts, now, th->comm);
 #endif
 }
 
@@ -200,7 +205,7 @@ static __always_inline void note_switched_in(u32 tid, u32 owed)
 
 /* next (its task_struct at task) goes on a CPU: close the interval it
  * spent off it. */
-static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u64 task)
+static __always_inline void switch_in(void *ctx, struct control_t *ctl, u32 tid, u64 now, u64 task)
 {
     struct thread_t *th = threads.lookup(&tid);
     if (!th) {
@@ -234,7 +239,7 @@ static __always_inline void switch_in(struct control_t *ctl, u32 tid, u64 now, u
     if (th->flags & TH_OFF) {
         u32 captured = th->flags & TH_CAPTURED;
         if (captured)
-            exact_close(ctl, th, tid, now);
+            exact_close(ctx, ctl, th, tid, now);
         if (ctl->offcpu != OFFCPU_EXACT && (!captured || ctl->offcpu == OFFCPU_SHADOW))
             sampled_close(ctl, th, tid, now, captured ? KIND_SHADOW : 0);
     }

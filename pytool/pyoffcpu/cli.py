@@ -22,6 +22,7 @@ Examples:
   sudo pyoffcpu -p 4242 --mode off --min-block-us 10000  # only waits of 10 ms or more
   sudo pyoffcpu -p 4242 --wakers -d 10   # and who ended each thread's waits
   sudo pyoffcpu -p 4242 --off-cpu exact  # a stack at every switch (default: sampled at -F)
+  sudo pyoffcpu -p 4242 -d 10 --timeline t.json  # each wait in time, for ui.perfetto.dev
   sudo pyoffcpu -p 4242 --async -d 10    # asyncio: each task's time, running and awaiting
   sudo pyoffcpu -p 4242 --mode cpu -F 499 --kernel # on-CPU only, with kernel frames
   sudo pyoffcpu -a -d 10                 # every process on the machine, on-CPU
@@ -79,6 +80,14 @@ def fail(msg: str, todo: str = "", code: int = 1):
     sys.exit(code)
 
 
+def _writable_or_fail(path: str, todo: str, what: str = "") -> None:
+    from .export import check_writable
+    try:
+        check_writable(path)
+    except OSError as e:
+        fail(f"cannot write {what or path}: {e.strerror or e}", todo)
+
+
 @main.command(epilog=RECORD_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
               help="Process to profile (all its threads). Repeat for several.")
@@ -106,13 +115,18 @@ def fail(msg: str, todo: str = "", code: int = 1):
 @click.option("--reasons", "only_reasons", metavar="LIST", default=None,
               help="Keep only the off-CPU time of these reasons, comma-separated (runqueue, "
                    "sleep, lock, gil, io, poll, disk, page-fault, gpu, other); on-CPU time stays.")
-@click.option("--off-cpu", "offcpu", type=click.Choice(["sampled", "exact"]), default="sampled",
-              show_default=True,
+@click.option("--off-cpu", "offcpu", type=click.Choice(["sampled", "exact"]), default=None,
               help="Where a wait's stack is taken (wall and off mode; every wait's time is exact "
                    "either way). sampled: only as often as a wall-clock sampler at -F would see it: "
                    "every wait of 1/F or more, exactly; a shorter one with probability d*F, its time "
                    "split over the stacks sampled (docs/offcpu-sampling.md). exact: at every "
-                   "switch, at a cost per switch.")
+                   "switch, at a cost per switch. [default: sampled]")
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
+              help="Also write a Perfetto trace (ui.perfetto.dev): a track per thread, each wait of "
+                   "--timeline-min-us or more at its real begin and end, its reason, stack and waker "
+                   "(--wakers), each on-CPU sample (docs/timeline.md). Sets --off-cpu exact.")
+@click.option("--timeline-min-us", type=click.IntRange(min=1), default=100, show_default=True, metavar="US",
+              help="With --timeline: the shortest wait drawn (raised, and said, past 500,000 waits).")
 @click.option("--min-block-us", type=click.IntRange(min=0), default=0, metavar="US",
               help="Leave out waits shorter than US microseconds (their count and time are printed).")
 @click.option("--max-block-us", type=click.IntRange(min=1), default=None, metavar="US",
@@ -145,18 +159,23 @@ def fail(msg: str, todo: str = "", code: int = 1):
                    "(env PYOFFCPU_TABLES_FIRST=1 sets it for every command).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(pids, all_, match, uid, python_only, subprocesses, duration, frequency, mode, output, fmt,
-           only_reasons, offcpu, min_block_us, max_block_us, wakers, async_tasks, async_hz, kernel,
-           no_threads, full_paths, keep_tids, tables_first, command):
+           only_reasons, offcpu, timeline, timeline_min_us, min_block_us, max_block_us, wakers,
+           async_tasks, async_hz, kernel, no_threads, full_paths, keep_tids, tables_first, command):
     """Record a wall-clock profile of a process (-p), a command (-- CMD) or the machine (-a)."""
-    from .export import check_writable, format_for_path
+    from .export import format_for_path
     from .profile.reasons import REASONS
-
     if wakers and (mode or ("cpu" if all_ else "wall")) == "cpu":
         raise click.UsageError("--wakers needs --mode wall or --mode off (waits are only seen there)")
     if async_tasks and all_:
         raise click.UsageError("--async is for -p and commands")
     if async_tasks and mode == "cpu":
         raise click.UsageError("--async needs --mode wall or off (a task's wait is not on a CPU)")
+    if timeline is not None:
+        if (mode or ("cpu" if all_ else "wall")) == "cpu" or all_ or offcpu == "sampled":
+            raise click.UsageError("--timeline needs --mode wall or off, -p or a command, and every "
+                                   "wait's stack (--off-cpu exact, which it sets)")
+        _writable_or_fail(timeline, "choose another --timeline path")
+    offcpu = offcpu or ("exact" if timeline else "sampled")
     if max_block_us is not None and max_block_us < min_block_us:
         raise click.UsageError(f"--max-block-us {max_block_us} is below --min-block-us {min_block_us}")
     if only_reasons is not None:
@@ -182,9 +201,8 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
         raise click.UsageError("--subprocesses is for -p and commands (-a takes every process)")
     mode = mode or ("cpu" if all_ else "wall")
     if all_ and mode != "cpu" and not filtered:
-        raise click.UsageError(f"--mode {mode} -a needs a filter (--match, --uid or --python-only): "
-                               "a capture at every switch of every thread costs too much; "
-                               "or use --mode cpu")
+        raise click.UsageError(f"--mode {mode} -a needs a filter (--match, --uid or --python-only): a "
+                               "capture at every switch of every thread costs too much; or use --mode cpu")
     for pid in pids:
         if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
             fail(f"no such process: {pid}", "check the PID with `ps`")
@@ -194,16 +212,11 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
                 fmt = format_for_path(output)
             except ValueError as e:
                 raise click.UsageError(str(e))
-        try:
-            check_writable(output)
-        except OSError as e:
-            fail(f"cannot write {output}: {e.strerror or e}", "choose another -o path")
+        _writable_or_fail(output, "choose another -o path")
     else:
         fmt = fmt or "svg"
-        try:
-            check_writable(os.path.join(os.getcwd(), "pyoffcpu-probe.svg"))
-        except OSError as e:
-            fail(f"cannot write to the current directory: {e.strerror or e}", "give -o PATH")
+        _writable_or_fail(os.path.join(os.getcwd(), "pyoffcpu-probe.svg"), "give -o PATH",
+                          "to the current directory")
 
     from .collect.recording import Options, tables_first_env
     opts = Options(pids=list(pids), command=list(command), duration=duration,
@@ -212,7 +225,8 @@ def record(pids, all_, match, uid, python_only, subprocesses, duration, frequenc
                    follow=subprocesses, min_block_ns=min_block_us * 1000,
                    max_block_ns=(max_block_us or 0) * 1000, wakers=wakers,
                    async_tasks=async_tasks, async_hz=async_hz,
-                   tables_first=tables_first or tables_first_env())
+                   tables_first=tables_first or tables_first_env(), timeline=timeline,
+                   timeline_min_ns=timeline_min_us * 1000)
     if offcpu == "exact" or os.environ.get("PYOFFCPU_OFFCPU") != "shadow":
         opts.offcpu = offcpu        # (tests: PYOFFCPU_OFFCPU=shadow stands in for the default)
     from .commands.record import record as run_record

@@ -229,6 +229,8 @@ class BlockedThreads:
                     key.kind)
             s._fetch_stack_ids(skey[2], key.kstack)
             s.accounts.add_own(skey, 1, ns)
+            if s.timeline is not None:      # --timeline: open until the end mark
+                s.timeline.add_open_wait(key, pystack, st.ts, end_ns)
 
     def flush_sampled(self, start_ns: int, end_ns: int, reads: Dict[int, tuple]):
         """--off-cpu sampled: the waits still open at the end, whose stacks

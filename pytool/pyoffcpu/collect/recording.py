@@ -49,6 +49,10 @@ class Options:
     # --min-block-us / --max-block-us: waits shorter / longer are left out (ns; 0: no bound)
     min_block_ns: int = 0
     max_block_ns: int = 0
+    # --timeline FILE: every wait of at least timeline_min_ns and every on-CPU
+    # sample, each where it happened (collect/timeline.py), written to FILE
+    timeline: Optional[str] = None
+    timeline_min_ns: int = 100_000
     # --tables-first: every native table made before the recording starts
     # (default: made while it runs; stacks reaching one not ready stop there)
     tables_first: bool = field(default_factory=lambda: tables_first_env())
@@ -157,6 +161,7 @@ class Recording:
     # how switch-outs found their native stack (bpf/memo.c memo_stats): hit_thread,
     # hit_shared, walked; with PYOFFCPU_MEMO_VERIFY=1 also checked and wrong
     memo_stats: Dict[str, int] = field(default_factory=dict)
+    timeline: Optional[object] = None       # --timeline: collect/timeline.py's Timeline
 
     @property
     def thread_names(self) -> Dict[int, str]:

@@ -101,6 +101,7 @@ class Session(SessionSetup):
         self._fold_fd: Optional[int] = None
         self._fold_started = False
         self._rseq_attached = False                  # rseq_capture takes the waits' owed stacks
+        self.timeline = None                         # --timeline: collect/timeline.py's TimelineBuffer
 
     # -- set up -------------------------------------------------------------
     # -- events ---------------------------------------------------------------
@@ -520,6 +521,11 @@ class Session(SessionSetup):
         if o.mode in ("wall", "off"):
             self.blocked.flush_captured(self._start_ns, self._end_ns)
             self.blocked.flush_sampled(self._start_ns, self._end_ns, open_waits)
+        if self.timeline is not None:
+            rec.timeline = self.timeline.resolved(self._ustack_id)
+            rec.timeline.start_ns, rec.timeline.end_ns = self._start_ns, self._end_ns
+            for ev in rec.timeline.events:
+                self._fetch_stack_ids(ev.key[2], ev.key[3])
         self._finish_threads()
         self._read_drops()
         self._write_stats(time.monotonic() - start_mono)

@@ -42,6 +42,7 @@ class SessionSetup:
             f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
             f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
             f"-DASYNC_TASKS={int(o.async_tasks)}",
+            f"-DTIMELINE={int(bool(o.timeline) and o.mode != 'cpu')}",
             # tests: every switch memo hit walked all the same and compared (bpf/memo.c)
             f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
         ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX", "AX"), p.pt_regs_offsets)]
@@ -204,6 +205,12 @@ class SessionSetup:
         # -a: a process's first sample with no registration; else a target's
         # exec: read at once
         self.bpf["loop_wakes"].open_perf_buffer(self._on_loop_wake, page_cnt=8)
+        if "timeline" in self.bpf:
+            from .timeline import TimelineBuffer
+            self.timeline = TimelineBuffer(o.timeline_min_ns,
+                                           lambda ns: self._write_control(timeline_min_ns=ns))
+            self.bpf["timeline"].open_perf_buffer(self.timeline.on_event, page_cnt=256,
+                                                  lost_cb=self.timeline.on_lost)
         # tests: the threads folded here before the kernel's fold is on are in its view too
         self.accounts.fold_shadow = bool(self._fold_mode() & bpfdefs.FOLD_SHADOW)
         # The programs that finish each sample (and walk native stacks from
@@ -250,7 +257,7 @@ class SessionSetup:
                                          exit_events=self.platform.exit_group_dead)
         self._write_control(self_tgid=os.getpid(), discover=int(o.system_wide and o.filtered),
                             follow=int(o.follow), min_block_ns=o.min_block_ns,
-                            max_block_ns=o.max_block_ns)
+                            max_block_ns=o.max_block_ns, timeline_min_ns=o.timeline_min_ns)
         for pid in o.pids:
             targets.add(pid)
         if o.follow and o.pids:

@@ -60,7 +60,8 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
     from ..profile.merge import build_profile
     from ..profile.summary import recording_notes, render_summary
     ksyms = symbols.KernelSymbols.load() if opts.kernel else None
-    prof, stats = build_profile(rec, symbols.Symbolizer(), ksyms)
+    symbolizer = symbols.Symbolizer()
+    prof, stats = build_profile(rec, symbolizer, ksyms)
     if only_reasons is not None:
         prof = prof.with_reasons(only_reasons)
     main_pid = opts.pids[0] if opts.pids else (min(rec.comms) if rec.comms and opts.command else 0)
@@ -86,6 +87,10 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
         write_profile_or_fallback(other, sampled_view, "folded", threads=threads, full_paths=full_paths,
                                   title=title)
 
+    timeline_error = timeline_notes = None
+    if opts.timeline and rec.timeline is not None:
+        timeline_notes, timeline_error = _write_timeline(rec, symbolizer, ksyms, opts.timeline, full_paths)
+
     samples, blocked = rec.totals()
     py = f", CPython {prof.meta.python_version}" if prof.meta.python_version else ""
     echo(f"pyoffcpu: recorded {rec.duration_s:.1f} s of {prof.meta.target} ({comm}{py}): "
@@ -95,9 +100,27 @@ def record(opts, output: Optional[str], fmt: str, threads: bool, full_paths: boo
     for line in recording_notes(rec, stats):
         echo(f"pyoffcpu: {line}", err=True)
     echo(render_summary(prof), err=True)
+    for line in timeline_notes or ():
+        echo(f"pyoffcpu: {line}", err=True)
     if write_error is None:
         echo(f"pyoffcpu: wrote {output} ({fmt})", err=True)
+    if opts.timeline and timeline_error is None and timeline_notes is not None:
+        echo(f"pyoffcpu: wrote {opts.timeline} (timeline: open it in ui.perfetto.dev)", err=True)
     if rec.exit_status not in (None, 0):
         echo(f"pyoffcpu: the command exited with status {rec.exit_status}", err=True)
-    if write_error is not None:
-        raise write_error
+    if write_error is not None or timeline_error is not None:
+        raise write_error or timeline_error
+
+
+def _write_timeline(rec, symbolizer, ksyms, path: str, full_paths: bool):
+    """--timeline: the recording's timeline written to path; (its notes, the
+    ProfilerError of a failed write or None)."""
+    from ..export.timeline import write_timeline
+    from ..profile.merge import Merger
+    from ..profile.timeline import build_timeline
+    tl = build_timeline(rec, Merger(rec, symbolizer, ksyms))
+    try:
+        write_timeline(tl, path, full_paths)
+    except ProfilerError as e:
+        return tl.notes, e
+    return tl.notes, None

@@ -1,0 +1,116 @@
+"""--timeline FILE: a recording's timeline (profile/timeline.py) as Chrome
+trace-event JSON, which Perfetto (ui.perfetto.dev, trace_processor) and
+chrome://tracing read (docs/timeline.md):
+
+- a track per thread, under its process, named as the profile names it
+  (`process_name` and `thread_name` metadata);
+- each wait as a complete slice ("X") at its real begin and end, named by
+  its reason, with its stack (root first, `;` between frames) and its
+  innermost Python frame in args; a wait still open when the recording
+  ended has args.open;
+- with --wakers, a flow arrow from a 1 ns slice on the waker's thread
+  ("wakes NAME", at the moment of the wakeup) to a 1 ns slice ("woken")
+  that ends the wait it ended;
+- each on-CPU sample as an instant ("i") named by its innermost frame, with
+  its stack.
+
+Times are microseconds of CLOCK_MONOTONIC (bpf_ktime_get_ns) with three
+decimals: the switch timestamps' nanoseconds survive.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Iterator, List
+
+from ..collect.platform import ProfilerError
+from ..profile import model as P
+from ..profile.timeline import TimelineModel
+from . import write_bytes_atomic, write_fallback
+
+
+def _us(ns: int) -> float:
+    return round(ns / 1000.0, 3)
+
+
+def _stack(frames, full_paths: bool, short) -> str:
+    return ";".join(f.label(full_paths, short).replace(";", ":") for f in frames)
+
+
+def _where(frames, full_paths: bool, short) -> str:
+    """The innermost Python frame, else the innermost frame."""
+    for f in reversed(frames):
+        if f.kind is P.FrameKind.PYTHON:
+            return f.label(full_paths, short)
+    return frames[-1].label(full_paths, short) if frames else "?"
+
+
+def trace_events(tl: TimelineModel, full_paths: bool = False) -> Iterator[dict]:
+    short = None if full_paths else P.PathShortener()
+    for pid, name in sorted(tl.processes.items()):
+        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": name}}
+    for tid, (pid, name) in sorted(tl.threads.items()):
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+    flow = 0
+    for s in tl.spans:
+        stack = _stack(s.frames, full_paths, short)
+        where = _where(s.frames, full_paths, short)
+        if not s.end:
+            yield {"ph": "i", "s": "t", "cat": "on-cpu", "name": where, "pid": s.pid, "tid": s.tid,
+                   "ts": _us(s.begin), "args": {"stack": stack}}
+            continue
+        args = {"stack": stack, "at": where, "reason": s.reason}
+        if s.open_at_end:
+            args["open"] = True
+        ev = {"ph": "X", "cat": "off-cpu", "name": s.reason, "pid": s.pid, "tid": s.tid,
+              "ts": _us(s.begin), "dur": _us(s.end - s.begin), "args": args}
+        yield ev
+        if s.waker is not None:
+            # a flow from a 1 ns slice on the waker's thread at the wakeup to a
+            # 1 ns slice ending the wait (a flow goes forward in time)
+            flow += 1
+            wpid, wtid, when = s.waker
+            wname = tl.threads.get(s.tid, (0, "?"))[1]
+            args["waker"] = wtid
+            yield {"ph": "X", "cat": "wake", "name": f"wakes {wname}", "pid": wpid, "tid": wtid,
+                   "ts": _us(when), "dur": 0.001, "bind_id": flow, "flow_out": True,
+                   "args": {"wakes": s.tid}}
+            yield {"ph": "X", "cat": "wake", "name": "woken", "pid": s.pid, "tid": s.tid,
+                   "ts": _us(s.end - 1), "dur": 0.001, "bind_id": flow, "flow_in": True,
+                   "args": {"by": wtid}}
+
+
+def render_timeline(tl: TimelineModel, full_paths: bool = False) -> bytes:
+    """The trace's JSON: one event per line, so that a reader of a big one
+    can stream it."""
+    head = {"displayTimeUnit": "ns",
+            "otherData": {"generator": "pyoffcpu --timeline",
+                          "start": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(tl.start_time)),
+                          "start_monotonic_us": _us(tl.start_ns), "end_monotonic_us": _us(tl.end_ns),
+                          "notes": tl.notes}}
+    parts: List[str] = [json.dumps(head)[:-1], ', "traceEvents": [\n']
+    first = True
+    for ev in trace_events(tl, full_paths):
+        parts.append(("" if first else ",\n") + json.dumps(ev, ensure_ascii=True))
+        first = False
+    parts.append("\n]}\n")
+    return "".join(parts).encode("ascii")
+
+
+def write_timeline(tl: TimelineModel, path: str, full_paths: bool = False) -> None:
+    """Written atomically; a write that fails leaves the trace in the temp
+    directory and says where (a ProfilerError), as the profile's does."""
+    data = render_timeline(tl, full_paths)
+    try:
+        write_bytes_atomic(path, data)
+        return
+    except OSError as e:
+        failed = f"cannot write the timeline {os.fspath(path)}: {e.strerror or e}"
+    try:
+        kept = write_fallback(path, "timeline", data, tempfile.gettempdir())
+    except OSError as e:
+        raise ProfilerError(f"{failed}; the fallback copy failed too: {e.strerror or e}",
+                            "the timeline is lost: free some space or choose another path") from None
+    raise ProfilerError(failed, f"the timeline was saved to {kept}")

@@ -1,0 +1,80 @@
+"""--timeline: a recording's timeline events (collect/timeline.py) named as
+the profile names them: each wait's stack and reason, each on-CPU sample's
+stack, each thread's and process's name, each wait's waker.  The exporter
+(export/timeline.py) writes it for Perfetto."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from . import model as P
+from . import reasons
+
+
+@dataclass
+class Span:
+    """A wait (end > 0: [begin, end)) or an on-CPU sample (end 0) of one thread."""
+    pid: int
+    tid: int
+    begin: int                      # ns, CLOCK_MONOTONIC
+    end: int
+    frames: Tuple[P.Frame, ...]     # root first
+    reason: Optional[str]           # a wait's; None: on-CPU
+    waker: Optional[Tuple[int, int, int]] = None    # (pid, tid, when it woke the wait)
+    open_at_end: bool = False       # still blocked when the recording ended
+
+
+@dataclass
+class TimelineModel:
+    start_ns: int
+    end_ns: int
+    start_time: float               # unix time of start_ns
+    processes: Dict[int, str] = field(default_factory=dict)     # pid -> name
+    threads: Dict[int, Tuple[int, str]] = field(default_factory=dict)     # tid -> (pid, name)
+    spans: List[Span] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)     # what the budget did, what was lost
+
+
+def build_timeline(rec, merger) -> TimelineModel:
+    """The named timeline of a recording made with --timeline (rec.timeline)."""
+    tl = rec.timeline
+    out = TimelineModel(tl.start_ns, tl.end_ns, rec.start_time)
+    named: Dict[tuple, Tuple[Tuple[P.Frame, ...], Optional[str]]] = {}
+    comms: Dict[int, str] = {}
+    for ev in tl.events:
+        tgid, tid, uid, kstack, pystack, kind = ev.key
+        got = named.get(ev.key[:1] + ev.key[2:])
+        if got is None:
+            frames = tuple(merger.frames_for(tgid, uid, kstack, pystack, max(0, ev.end - ev.begin)))
+            got = named[ev.key[:1] + ev.key[2:]] = (frames, reasons.reason_of(kind, frames) if ev.end else None)
+        frames, reason = got
+        if ev.comm:
+            comms[tid] = ev.comm
+        out.threads.setdefault(tid, (tgid, ""))
+        waker = None
+        if ev.waker is not None:
+            waker = ev.waker
+            out.threads.setdefault(waker[1], (waker[0], ""))
+        out.spans.append(Span(tgid, tid, ev.begin, ev.end, frames,
+                              (reason or "off-CPU") if ev.end else None, waker,
+                              ev.end >= tl.end_ns > 0))
+    ended = {t.first_tid: t.name for t in rec.threads.values() if t.threads == 1}
+    for tid, (pid, _) in list(out.threads.items()):
+        name = (rec.python_names.get(tid) or comms.get(tid) or
+                (rec.threads[tid].name if tid in rec.threads else None) or ended.get(tid) or f"thread {tid}")
+        out.threads[tid] = (pid, name)
+        out.processes.setdefault(pid, rec.comms.get(pid, "?"))
+    waits = sum(1 for s in out.spans if s.end)
+    out.notes.append(f"timeline: {waits:,} waits of {tl.final_min_ns / 1000:g} µs or more, "
+                     f"{len(out.spans) - waits:,} on-CPU samples")
+    if tl.final_min_ns > tl.min_ns:
+        out.notes.append(f"timeline: the wait threshold rose from {tl.min_ns / 1000:g} µs to "
+                         f"{tl.final_min_ns / 1000:g} µs to keep the trace small "
+                         f"({tl.waits_dropped:,} shorter waits left out; docs/timeline.md)")
+    if tl.sample_stride > 1:
+        out.notes.append(f"timeline: every {tl.sample_stride}th on-CPU sample of a thread kept "
+                         f"({tl.samples_dropped:,} left out to keep the trace small)")
+    if tl.lost:
+        out.notes.append(f"timeline: {tl.lost:,} events lost (the buffer was full): those waits and "
+                         "samples are in the profile, not in the timeline")
+    return out

