@@ -176,3 +176,26 @@ def test_the_budget_keeps_every_kth_sample_of_each_thread():
     tl = buf.resolved(lambda u, n: u)
     assert [ev.begin for ev in tl.events] == [0, 4, 8] and tl.sample_stride == 4
     assert tl.samples_dropped == 7
+
+
+def test_a_trace_past_its_size_bound_keeps_the_longest_waits_and_says_so():
+    """render_timeline's bound: past it the threshold doubles (or samples
+    halve) until the JSON fits; what is left is every wait of at least the
+    final threshold, and the notes name it."""
+    from pyoffcpu.export.timeline import render_timeline
+    from pyoffcpu.profile import model as P
+    from pyoffcpu.profile.timeline import Span, TimelineModel
+    tl = TimelineModel(0, 10**10, 0.0, asked_min_ns=100_000, min_ns=100_000)
+    tl.processes[1] = "p"
+    tl.threads[2] = (1, "t")
+    frames = (P.python_frame("f", "/a.py", 1),)
+    for i in range(1000):
+        length = 100_000 + i * 1000            # 100 µs .. 1099 µs
+        tl.spans.append(Span(1, 2, i * 10**6, i * 10**6 + length, frames, "sleep"))
+    full = render_timeline(TimelineModel(**{**tl.__dict__, "spans": list(tl.spans)}), max_bytes=1 << 30)
+    data = render_timeline(tl, max_bytes=len(full) // 3)
+    assert len(data) <= len(full) // 3
+    doc = json.loads(data)
+    waits = [e["dur"] for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert tl.min_ns == 800_000 and min(waits) >= 800 and len(waits) == 300   # 800..1099 µs: all of them
+    assert any("rose from 100 µs to 800 µs" in n for n in doc["otherData"]["notes"])

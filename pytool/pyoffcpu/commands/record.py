@@ -122,5 +122,5 @@ def _write_timeline(rec, symbolizer, ksyms, path: str, full_paths: bool):
     try:
         write_timeline(tl, path, full_paths)
     except ProfilerError as e:
-        return tl.notes, e
-    return tl.notes, None
+        return tl.notes(), e
+    return tl.notes(), None

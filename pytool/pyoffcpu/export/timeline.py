@@ -23,12 +23,15 @@ import json
 import os
 import tempfile
 import time
-from typing import Iterator, List
+from typing import Dict, Iterator, List
 
 from ..collect.platform import ProfilerError
 from ..profile import model as P
 from ..profile.timeline import TimelineModel
 from . import write_bytes_atomic, write_fallback
+
+
+MAX_BYTES = 200 << 20               # what Perfetto's UI opens in a browser tab without trouble
 
 
 def _us(ns: int) -> float:
@@ -47,62 +50,76 @@ def _where(frames, full_paths: bool, short) -> str:
     return frames[-1].label(full_paths, short) if frames else "?"
 
 
-def trace_events(tl: TimelineModel, full_paths: bool = False) -> Iterator[dict]:
-    short = None if full_paths else P.PathShortener()
+def _metadata(tl: TimelineModel) -> Iterator[dict]:
     for pid, name in sorted(tl.processes.items()):
         yield {"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": name}}
     for tid, (pid, name) in sorted(tl.threads.items()):
         yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
-    flow = 0
-    for s in tl.spans:
-        stack = _stack(s.frames, full_paths, short)
-        where = _where(s.frames, full_paths, short)
-        if not s.end:
-            yield {"ph": "i", "s": "t", "cat": "on-cpu", "name": where, "pid": s.pid, "tid": s.tid,
-                   "ts": _us(s.begin), "args": {"stack": stack}}
-            continue
-        args = {"stack": stack, "at": where, "reason": s.reason}
-        if s.open_at_end:
-            args["open"] = True
-        ev = {"ph": "X", "cat": "off-cpu", "name": s.reason, "pid": s.pid, "tid": s.tid,
-              "ts": _us(s.begin), "dur": _us(s.end - s.begin), "args": args}
-        yield ev
-        if s.waker is not None:
-            # a flow from a 1 ns slice on the waker's thread at the wakeup to a
-            # 1 ns slice ending the wait (a flow goes forward in time)
-            flow += 1
-            wpid, wtid, when = s.waker
-            wname = tl.threads.get(s.tid, (0, "?"))[1]
-            args["waker"] = wtid
-            yield {"ph": "X", "cat": "wake", "name": f"wakes {wname}", "pid": wpid, "tid": wtid,
-                   "ts": _us(when), "dur": 0.001, "bind_id": flow, "flow_out": True,
-                   "args": {"wakes": s.tid}}
-            yield {"ph": "X", "cat": "wake", "name": "woken", "pid": s.pid, "tid": s.tid,
-                   "ts": _us(s.end - 1), "dur": 0.001, "bind_id": flow, "flow_in": True,
-                   "args": {"by": wtid}}
 
 
-def render_timeline(tl: TimelineModel, full_paths: bool = False) -> bytes:
-    """The trace's JSON: one event per line, so that a reader of a big one
-    can stream it."""
+def _span_events(tl: TimelineModel, s, flow: int, full_paths: bool, short) -> List[dict]:
+    """One span's events; flow: the id of its wakeup's flow, if it has one."""
+    stack = _stack(s.frames, full_paths, short)
+    where = _where(s.frames, full_paths, short)
+    if not s.end:
+        return [{"ph": "i", "s": "t", "cat": "on-cpu", "name": where, "pid": s.pid, "tid": s.tid,
+                 "ts": _us(s.begin), "args": {"stack": stack}}]
+    args = {"stack": stack, "at": where, "reason": s.reason}
+    if s.open_at_end:
+        args["open"] = True
+    out = [{"ph": "X", "cat": "off-cpu", "name": s.reason, "pid": s.pid, "tid": s.tid,
+            "ts": _us(s.begin), "dur": _us(s.end - s.begin), "args": args}]
+    if s.waker is not None:
+        # a flow from a 1 ns slice on the waker's thread at the wakeup to a
+        # 1 ns slice ending the wait (a flow goes forward in time)
+        wpid, wtid, when = s.waker
+        args["waker"] = wtid
+        out.append({"ph": "X", "cat": "wake", "name": f"wakes {tl.threads.get(s.tid, (0, '?'))[1]}",
+                    "pid": wpid, "tid": wtid, "ts": _us(when), "dur": 0.001, "bind_id": flow,
+                    "flow_out": True, "args": {"wakes": s.tid}})
+        out.append({"ph": "X", "cat": "wake", "name": "woken", "pid": s.pid, "tid": s.tid,
+                    "ts": _us(s.end - 1), "dur": 0.001, "bind_id": flow, "flow_in": True,
+                    "args": {"by": wtid}})
+    return out
+
+
+def _lines(tl: TimelineModel, full_paths: bool) -> Dict[int, str]:
+    """Each span's JSON lines, by id(span)."""
+    short = None if full_paths else P.PathShortener()
+    out = {}
+    for n, s in enumerate(tl.spans, 1):
+        out[id(s)] = ",\n".join(json.dumps(ev, ensure_ascii=True)
+                                for ev in _span_events(tl, s, n, full_paths, short))
+    return out
+
+
+def render_timeline(tl: TimelineModel, full_paths: bool = False, max_bytes: int = MAX_BYTES) -> bytes:
+    """The trace's JSON, one event per line (a reader of a big one can
+    stream it), under max_bytes: past it the wait threshold doubles, or
+    every other on-CPU sample of a thread goes (whichever takes more room),
+    until it fits; the notes say so."""
+    meta = [json.dumps(ev, ensure_ascii=True) for ev in _metadata(tl)]
+    lines = _lines(tl, full_paths)
+    fixed = sum(len(m) + 2 for m in meta) + 4096
+    while tl.spans and fixed + sum(len(lines[id(s)]) + 2 for s in tl.spans) > max_bytes:
+        if 2 * sum(len(lines[id(s)]) for s in tl.spans if not s.end) > sum(len(v) for v in lines.values()):
+            tl.thin_samples()
+        else:
+            tl.thin_waits()
+        lines = {id(s): lines[id(s)] for s in tl.spans}
     head = {"displayTimeUnit": "ns",
             "otherData": {"generator": "pyoffcpu --timeline",
                           "start": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(tl.start_time)),
                           "start_monotonic_us": _us(tl.start_ns), "end_monotonic_us": _us(tl.end_ns),
-                          "notes": tl.notes}}
-    parts: List[str] = [json.dumps(head)[:-1], ', "traceEvents": [\n']
-    first = True
-    for ev in trace_events(tl, full_paths):
-        parts.append(("" if first else ",\n") + json.dumps(ev, ensure_ascii=True))
-        first = False
-    parts.append("\n]}\n")
-    return "".join(parts).encode("ascii")
+                          "notes": tl.notes()}}
+    body = ",\n".join(meta + [lines[id(s)] for s in tl.spans])
+    return (json.dumps(head)[:-1] + ', "traceEvents": [\n' + body + "\n]}\n").encode("ascii")
 
 
 def write_timeline(tl: TimelineModel, path: str, full_paths: bool = False) -> None:
     """Written atomically; a write that fails leaves the trace in the temp
     directory and says where (a ProfilerError), as the profile's does."""
-    data = render_timeline(tl, full_paths)
+    data = render_timeline(tl, full_paths, MAX_BYTES)
     try:
         write_bytes_atomic(path, data)
         return

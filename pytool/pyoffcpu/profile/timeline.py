@@ -32,13 +32,59 @@ class TimelineModel:
     processes: Dict[int, str] = field(default_factory=dict)     # pid -> name
     threads: Dict[int, Tuple[int, str]] = field(default_factory=dict)     # tid -> (pid, name)
     spans: List[Span] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)     # what the budget did, what was lost
+    # what the budget did (collect/timeline.py while recording, thin_* at
+    # the write), and what was lost
+    asked_min_ns: int = 0           # --timeline-min-us
+    min_ns: int = 0                 # the threshold in force now
+    waits_dropped: int = 0
+    sample_stride: int = 1
+    samples_dropped: int = 0
+    lost: int = 0
+
+    def thin_waits(self) -> None:
+        """The threshold doubles: the waits shorter go."""
+        self.min_ns *= 2
+        kept = [s for s in self.spans if not s.end or s.end - s.begin >= self.min_ns]
+        self.waits_dropped += len(self.spans) - len(kept)
+        self.spans = kept
+
+    def thin_samples(self) -> None:
+        """Every other on-CPU sample of each thread goes."""
+        nth: Dict[int, int] = {}
+        kept = []
+        for s in self.spans:
+            if not s.end:
+                i = nth[s.tid] = nth.get(s.tid, -1) + 1
+                if i % 2:
+                    continue
+            kept.append(s)
+        self.samples_dropped += len(self.spans) - len(kept)
+        self.sample_stride *= 2
+        self.spans = kept
+
+    def notes(self) -> List[str]:
+        waits = sum(1 for s in self.spans if s.end)
+        out = [f"timeline: {waits:,} waits of {self.min_ns / 1000:g} µs or more, "
+               f"{len(self.spans) - waits:,} on-CPU samples"]
+        if self.min_ns > self.asked_min_ns:
+            out.append(f"timeline: the wait threshold rose from {self.asked_min_ns / 1000:g} µs to "
+                       f"{self.min_ns / 1000:g} µs to keep the trace small ({self.waits_dropped:,} "
+                       "shorter waits left out; docs/timeline.md)")
+        if self.sample_stride > 1:
+            out.append(f"timeline: every {self.sample_stride}th on-CPU sample of a thread kept "
+                       f"({self.samples_dropped:,} left out to keep the trace small)")
+        if self.lost:
+            out.append(f"timeline: {self.lost:,} events lost (the buffer was full): those waits and "
+                       "samples are in the profile, not in the timeline")
+        return out
 
 
 def build_timeline(rec, merger) -> TimelineModel:
     """The named timeline of a recording made with --timeline (rec.timeline)."""
     tl = rec.timeline
-    out = TimelineModel(tl.start_ns, tl.end_ns, rec.start_time)
+    out = TimelineModel(tl.start_ns, tl.end_ns, rec.start_time, asked_min_ns=tl.min_ns,
+                        min_ns=tl.final_min_ns, waits_dropped=tl.waits_dropped,
+                        sample_stride=tl.sample_stride, samples_dropped=tl.samples_dropped, lost=tl.lost)
     named: Dict[tuple, Tuple[Tuple[P.Frame, ...], Optional[str]]] = {}
     comms: Dict[int, str] = {}
     for ev in tl.events:
@@ -64,17 +110,4 @@ def build_timeline(rec, merger) -> TimelineModel:
                 (rec.threads[tid].name if tid in rec.threads else None) or ended.get(tid) or f"thread {tid}")
         out.threads[tid] = (pid, name)
         out.processes.setdefault(pid, rec.comms.get(pid, "?"))
-    waits = sum(1 for s in out.spans if s.end)
-    out.notes.append(f"timeline: {waits:,} waits of {tl.final_min_ns / 1000:g} µs or more, "
-                     f"{len(out.spans) - waits:,} on-CPU samples")
-    if tl.final_min_ns > tl.min_ns:
-        out.notes.append(f"timeline: the wait threshold rose from {tl.min_ns / 1000:g} µs to "
-                         f"{tl.final_min_ns / 1000:g} µs to keep the trace small "
-                         f"({tl.waits_dropped:,} shorter waits left out; docs/timeline.md)")
-    if tl.sample_stride > 1:
-        out.notes.append(f"timeline: every {tl.sample_stride}th on-CPU sample of a thread kept "
-                         f"({tl.samples_dropped:,} left out to keep the trace small)")
-    if tl.lost:
-        out.notes.append(f"timeline: {tl.lost:,} events lost (the buffer was full): those waits and "
-                         "samples are in the profile, not in the timeline")
     return out
