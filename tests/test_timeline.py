@@ -199,3 +199,28 @@ def test_a_trace_past_its_size_bound_keeps_the_longest_waits_and_says_so():
     waits = [e["dur"] for e in doc["traceEvents"] if e["ph"] == "X"]
     assert tl.min_ns == 800_000 and min(waits) >= 800 and len(waits) == 300   # 800..1099 µs: all of them
     assert any("rose from 100 µs to 800 µs" in n for n in doc["otherData"]["notes"])
+
+
+def test_async_tasks_get_tracks_of_their_states(bpf, perfetto, tmp_path):
+    """--async --timeline: each task of workloads/async_tasks.py is a track
+    `task NAME` under its process, its states as the snapshots saw them:
+    the ticker mostly `await: sleep`, the cpu task mostly `running`."""
+    work = Workload(python_or_skip("pyenv-3.12"), "async_tasks.py")
+    try:
+        trace, err = _record(tmp_path, work.pid, "--async", seconds="3")
+    finally:
+        work.stop()
+    assert "asyncio tasks' states" in err, err
+    with perfetto(str(trace), tmp_path) as ui:
+        rows = ui.query("""
+            select t.name as track, s.name as state, sum(s.dur) as ns
+            from slice s join thread_track tt on s.track_id = tt.id join thread t using (utid)
+            where s.cat = 'asyncio' group by t.name, s.name""")
+    by = {}
+    for r in rows:
+        by.setdefault(r["track"], {})[r["state"]] = int(r["ns"])
+    assert {"task cpu", "task ticker", "task consumer", "task client"} <= set(by), by
+    ticker, cpu = by["task ticker"], by["task cpu"]
+    assert ticker.get("await: sleep", 0) > 0.5 * sum(ticker.values()), ticker
+    assert cpu.get("running", 0) + cpu.get("ready", 0) > 0.5 * sum(cpu.values()), cpu
+    assert by["task consumer"].get("await: queue", 0) > 0, by["task consumer"]

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 from harness import (fmt_num, fmt_pct, fmt_range, loss, markdown_table, median, per_round_losses, prog_delta,
                      prog_label, rotated, spread, verdict)
 
-from common import (EXACT, Proc, Profiler, Results, THREADSERVER, Tools, bpfstats, end_server, log,
+from common import (EXACT, TIMELINE, Proc, Profiler, Results, THREADSERVER, Tools, bpfstats, end_server, log,
                     server_stats, tree_cpu_s)
 
 
@@ -21,7 +21,8 @@ SERVER_WARMUP_S = 2.0           # the client's load settles before a profiler co
 SERVER_SETTLE_S = 3.0           # after the profiler's ready line: its start's background work (the
                                 # kernel fold program's verification, ~1 s of CPU from the first
                                 # drain that sees a thread born, a second in) is done
-SERVER_PROFILERS = ("pyoffcpu --mode wall", EXACT, "pyoffcpu --mode cpu -F 99", "py-spy record --idle -r 100")
+SERVER_PROFILERS = ("pyoffcpu --mode wall", EXACT, TIMELINE, "pyoffcpu --mode cpu -F 99",
+                    "py-spy record --idle -r 100")
 ALONE = "alone"
 
 
@@ -89,7 +90,7 @@ def server_measure(tools: Tools, prof: Optional[Profiler], seconds: float, clien
         if p:
             p.kill()
         end_server(srv, cli)
-        for ext in (".folded", ".txt"):
+        for ext in (".folded", ".txt", ".timeline.json"):
             if os.path.exists(out_base + ext):
                 os.unlink(out_base + ext)
 

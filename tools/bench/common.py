@@ -203,6 +203,7 @@ class Profiler:
 
 
 EXACT = "pyoffcpu --mode wall --off-cpu exact"     # a stack at every switch (issue 37's row)
+TIMELINE = "pyoffcpu --mode wall --timeline"        # and every wait of 100 us or more sent whole (issue 41)
 
 
 def profilers(tools: "Tools") -> Dict[str, Profiler]:
@@ -220,6 +221,11 @@ def profilers(tools: "Tools") -> Dict[str, Profiler]:
             EXACT,
             lambda pid, o: po + ["-p", str(pid), "--mode", "wall", "-F", "99", "--off-cpu", "exact",
                                  "-o", o + ".folded"],
+            r"^pyoffcpu: recording", True, stats=True),
+        TIMELINE: Profiler(
+            TIMELINE,
+            lambda pid, o: po + ["-p", str(pid), "--mode", "wall", "-F", "99", "--timeline",
+                                 o + ".timeline.json", "-o", o + ".folded"],
             r"^pyoffcpu: recording", True, stats=True),
         "pyoffcpu --mode wall --wakers": Profiler(
             "pyoffcpu --mode wall --wakers",

@@ -94,7 +94,7 @@ from typing import Dict, List, Optional
 from harness import (fmt_bytes, fmt_clock, fmt_num, fmt_pct, fmt_ratio_range, markdown_table, median,
                      prog_label, verdict)
 
-from common import (EXACT, RESULTS, ROOT, Results, T0, Tools, _procs, bpfstats, log, profilers, setup_pyspy,
+from common import (EXACT, RESULTS, TIMELINE, ROOT, Results, T0, Tools, _procs, bpfstats, log, profilers, setup_pyspy,
                     starts)
 from case_accuracy import accuracy_case, render_accuracy
 from shadow import record_both, render_shadow, while_running
@@ -516,7 +516,7 @@ def main():
             n_pp = calibrate(tools, pp, 20000, args.work_s)
         if "3" in cases:
             log("case 3: switch-heavy ping-pong")
-            three = [P[k] for k in ("pyoffcpu --mode wall", EXACT, "pyoffcpu --mode wall --wakers",
+            three = [P[k] for k in ("pyoffcpu --mode wall", EXACT, TIMELINE, "pyoffcpu --mode wall --wakers",
                                     "py-spy record --idle -r 100") if k in P]
             slowdown_case(tools, res, "3", pp, n_pp, three, args.pairs,
                           {"pyoffcpu --mode wall": 1.03, "pyoffcpu --mode wall --wakers": 1.10})  # issues 37, 12

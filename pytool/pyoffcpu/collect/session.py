@@ -453,7 +453,7 @@ class Session(SessionSetup):
         if o.async_tasks:
             from .tasks import TaskSampler
             self._tasks = TaskSampler(lambda: [(t.pid, t.python) for t in targets if not t.exited],
-                                      self._start_ns, o.async_hz)
+                                      self._start_ns, o.async_hz, spans=bool(o.timeline))
             self._tasks.start()
         try:
             if self.unwinder is not None:

@@ -26,6 +26,7 @@ from ..kernel.memory import MemoryError_, ProcessMemory
 DEFAULT_HZ = 100
 MAX_SHARE = 0.05                 # of one core, for all snapshots together
 RETRY_S = 1.0                    # a target whose tasks cannot be read yet: look again
+MAX_SPANS = 200_000              # --timeline: task states kept, all tasks together
 
 PyFrameText = Tuple[str, str, int]          # (qualified name, file, line)
 
@@ -54,6 +55,11 @@ class TaskTimes:
     # pid -> the tasks of its last snapshot
     alive: Dict[int, Set[int]] = field(default_factory=dict)
     notices: List[str] = field(default_factory=list)
+    # --timeline: (pid, task address, TaskInfo) -> its states in time, each
+    # [begin ns, end ns, "running" or "await: KIND" / "ready"]: a state runs
+    # from the snapshot before the first that saw it to the last that did
+    spans: Optional[Dict[tuple, List[list]]] = None
+    spans_kept: int = 0             # all tasks' spans (at most MAX_SPANS)
 
     def label_of(self, pid: int, addr: int, info: TaskInfo) -> str:
         """task_label of the task `info` describes, which may have been
@@ -83,9 +89,9 @@ class TaskSampler:
     """One thread for the whole session."""
 
     def __init__(self, targets: Callable[[], List[Tuple[int, object]]], start_ns: int,
-                 hz: int = 0):
+                 hz: int = 0, spans: bool = False):
         self.targets = targets                 # () -> [(pid, PythonProcess or None)]
-        self.times = TaskTimes(hz=hz or DEFAULT_HZ, start_ns=start_ns)
+        self.times = TaskTimes(hz=hz or DEFAULT_HZ, start_ns=start_ns, spans={} if spans else None)
         self.start_ns = start_ns
         self.end_ns: Optional[int] = None
         self._readers: Dict[int, A.TaskReader] = {}
@@ -177,6 +183,16 @@ class TaskSampler:
                 continue                            # it is exiting: keep what it had
             self._record(pid, snap, now, weight)
 
+    def _span(self, pid: int, addr: int, info: TaskInfo, state: str, begin: int, end: int) -> None:
+        """--timeline: the task was in `state` from begin to end."""
+        t = self.times
+        spans = t.spans.setdefault((pid, addr, info), [])
+        if spans and spans[-1][2] == state and spans[-1][1] == begin:
+            spans[-1][1] = end
+        elif t.spans_kept < MAX_SPANS:
+            spans.append([begin, end, state])
+            t.spans_kept += 1
+
     def _record(self, pid: int, snap: A.Snapshot, now: int, weight: int) -> None:
         t = self.times
         reader = self._readers[pid]
@@ -198,6 +214,10 @@ class TaskSampler:
             info.last_ns = now
             if task.coro:
                 t.by_frame[(pid, task.coro + gen_iframe)] = task.addr
+            if t.spans is not None and weight > 0:
+                kind = "running" if task.state == A.RUNNING else A.await_kind(chain, task, names)
+                self._span(pid, task.addr, info, kind if kind in ("running", "ready") else "await: " + kind,
+                           now - weight, now)
             if task.state == A.RUNNING or weight <= 0:
                 continue                            # BPF measures it
             kind = A.await_kind(chain, task, names)

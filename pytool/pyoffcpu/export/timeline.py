@@ -59,6 +59,9 @@ def _metadata(tl: TimelineModel) -> Iterator[dict]:
 
 def _span_events(tl: TimelineModel, s, flow: int, full_paths: bool, short) -> List[dict]:
     """One span's events; flow: the id of its wakeup's flow, if it has one."""
+    if s.task is not None:
+        return [{"ph": "X", "cat": "asyncio", "name": s.reason, "pid": s.pid, "tid": s.tid,
+                 "ts": _us(s.begin), "dur": _us(s.end - s.begin), "args": {"coroutine": s.task}}]
     stack = _stack(s.frames, full_paths, short)
     where = _where(s.frames, full_paths, short)
     if not s.end:

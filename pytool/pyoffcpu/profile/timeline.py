@@ -22,6 +22,10 @@ class Span:
     reason: Optional[str]           # a wait's; None: on-CPU
     waker: Optional[Tuple[int, int, int]] = None    # (pid, tid, when it woke the wait)
     open_at_end: bool = False       # still blocked when the recording ended
+    task: Optional[str] = None      # --async: an asyncio task's state (reason: "running", "await: ...")
+
+
+TASK_TID_BASE = 1 << 30             # a task's track: above any thread id (pid_max <= 2^22)
 
 
 @dataclass
@@ -44,7 +48,7 @@ class TimelineModel:
     def thin_waits(self) -> None:
         """The threshold doubles: the waits shorter go."""
         self.min_ns *= 2
-        kept = [s for s in self.spans if not s.end or s.end - s.begin >= self.min_ns]
+        kept = [s for s in self.spans if not s.end or s.task or s.end - s.begin >= self.min_ns]
         self.waits_dropped += len(self.spans) - len(kept)
         self.spans = kept
 
@@ -63,9 +67,11 @@ class TimelineModel:
         self.spans = kept
 
     def notes(self) -> List[str]:
-        waits = sum(1 for s in self.spans if s.end)
-        out = [f"timeline: {waits:,} waits of {self.min_ns / 1000:g} µs or more, "
-               f"{len(self.spans) - waits:,} on-CPU samples"]
+        waits = sum(1 for s in self.spans if s.end and not s.task)
+        samples = sum(1 for s in self.spans if not s.end)
+        tasks = len({s.tid for s in self.spans if s.task})
+        out = [f"timeline: {waits:,} waits of {self.min_ns / 1000:g} µs or more, {samples:,} on-CPU samples"
+               + (f", {tasks:,} asyncio tasks' states (sampled at --async-hz)" if tasks else "")]
         if self.min_ns > self.asked_min_ns:
             out.append(f"timeline: the wait threshold rose from {self.asked_min_ns / 1000:g} µs to "
                        f"{self.min_ns / 1000:g} µs to keep the trace small ({self.waits_dropped:,} "
@@ -104,10 +110,26 @@ def build_timeline(rec, merger) -> TimelineModel:
         out.spans.append(Span(tgid, tid, ev.begin, ev.end, frames,
                               (reason or "off-CPU") if ev.end else None, waker,
                               ev.end >= tl.end_ns > 0))
+    _add_tasks(out, rec)
     ended = {t.first_tid: t.name for t in rec.threads.values() if t.threads == 1}
     for tid, (pid, _) in list(out.threads.items()):
         name = (rec.python_names.get(tid) or comms.get(tid) or
                 (rec.threads[tid].name if tid in rec.threads else None) or ended.get(tid) or f"thread {tid}")
-        out.threads[tid] = (pid, name)
+        if tid < TASK_TID_BASE:
+            out.threads[tid] = (pid, name)
         out.processes.setdefault(pid, rec.comms.get(pid, "?"))
     return out
+
+
+def _add_tasks(out: TimelineModel, rec) -> None:
+    """--async: each asyncio task a track of its own under its process, its
+    states (running, await: KIND, ready) as the snapshots saw them."""
+    times = rec.tasks
+    if times is None or not times.spans:
+        return
+    for n, ((pid, _addr, info), spans) in enumerate(sorted(times.spans.items(), key=lambda kv: kv[1][0][0])):
+        tid = TASK_TID_BASE + n
+        out.threads[tid] = (pid, f"task {info.name}")
+        for begin, end, state in spans:
+            out.spans.append(Span(pid, tid, begin, end, (), state, task=info.coro_name))
+    out.spans.sort(key=lambda s: s.begin)
