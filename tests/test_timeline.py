@@ -83,20 +83,29 @@ def test_five_naps_are_five_slices_at_their_own_clocks_times(bpf, perfetto, tmp_
     for row in rows[len(closed):]:      # a nap still open at the end: from its start to the end
         t0 = min(t0 for t0, _ in naps if t0 > inside[-1][1])
         assert 0 <= int(row["ts"]) - t0 <= EDGE_NS and int(row["ts"]) + int(row["dur"]) == end, (row, t0)
-    edges = []
+    begins, ends = [], []
     for row, (t0, t1) in zip(closed, inside):
         ts, dur = int(row["ts"]), int(row["dur"])
         assert row["thread"] == "napper"
         assert abs(dur - (t1 - t0)) <= 1_000_000 and abs(t1 - t0 - NAP_NS) <= 10_000_000, (row, t1 - t0)
-        edges += [ts - t0 - _off(others, t0, ts), t1 - (ts + dur) - _off(others, ts + dur, t1)]
+        begins.append(ts - t0 - _off(others, t0, ts))
+        ends.append(t1 - (ts + dur) - _off(others, ts + dur, t1))
         assert "napper (" in row["stack"] and row["stack"].index("napper (") < row["stack"].index("nap ("), row
-    # the workload's clock reads are its own instructions away from the
-    # switches (~10 µs here on an idle machine): within 50 µs, but for one
-    # read of a run, which a busy host may delay (a vCPU not running is
-    # not seen from inside), within 500 µs
-    print("edges (us):", [e / 1000 for e in edges])
-    assert all(e >= 0 for e in edges), edges
-    assert sorted(edges)[-2] <= EDGE_NS and edges and max(edges) <= 10 * EDGE_NS, edges
+    # Each clock read is the workload's own instructions away from the
+    # switch: t0 -> nap() -> the switch-out 13-20 µs here, the switch-in ->
+    # the return from time.sleep -> t1 57-107 µs (its caches and TLB cold
+    # after 100 ms off the CPU, on this VM).  The slices lie inside the
+    # reads, the begins within 50 µs of them (one of a run may be delayed
+    # by the host: within 500), the ends within 200 µs.
+    print("begin, end edges (us):", [e / 1000 for e in begins], [e / 1000 for e in ends])
+    assert all(e >= 0 for e in begins + ends), (begins, ends)
+    assert sorted(begins)[-2] <= EDGE_NS and max(begins) <= 10 * EDGE_NS, begins
+    assert max(ends) <= 4 * EDGE_NS, ends
+    # and they are the profile's own times: the flame graph's nap() sleep is their sum
+    folded = (tmp_path / "t.folded").read_text()
+    nap_us = sum(int(ln.rsplit(" ", 1)[1]) for ln in folded.splitlines()
+                 if "nap (" in ln and "[off-cpu: sleep]" in ln)
+    assert abs(nap_us * 1000 - sum(int(r["dur"]) for r in rows)) <= 1000 * len(rows) + 1000, nap_us
     assert os.path.getsize(shot) > 20_000       # the UI drew its tracks (kept: test-artifacts/)
 
 
