@@ -214,6 +214,19 @@ def python_or_skip(label):
     return path
 
 
+CHROMIUM = "/usr/bin/chromium"
+
+
+def chromium_or_skip():
+    """The browser the browser tests drive (`make test` installs it): a skip
+    without it, or under PYOFFCPU_REQUIRE_BPF=1 a failure."""
+    if not os.path.exists(CHROMIUM):
+        if REQUIRE_BPF:
+            pytest.fail(f"{CHROMIUM} is missing: `make test` installs it")
+        pytest.skip(f"{CHROMIUM} not installed")
+    return CHROMIUM
+
+
 def pyoffcpu_cmd(*args):
     return [sys.executable, "-m", "pyoffcpu", *args]
 

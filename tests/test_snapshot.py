@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import WORKLOADS, Workload, env, pyoffcpu_cmd, python_or_skip
+from conftest import WORKLOADS, Workload, chromium_or_skip, env, pyoffcpu_cmd, python_or_skip
 from pyoffcpu.commands import snapshot as S
 from pyoffcpu.export.pprof import from_pprof
 
@@ -170,11 +170,7 @@ def age_index(d, days):
 
 
 def dump_dom(html_path, fragment=""):
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        if os.environ.get("PYOFFCPU_REQUIRE_BPF") == "1":
-            pytest.fail("chromium is missing: `make test` installs it")
-        pytest.skip("no chromium")
+    exe = chromium_or_skip()
     res = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                           "file://" + str(html_path) + fragment], capture_output=True, text=True,
                          timeout=120)

@@ -4,7 +4,6 @@ Needs /usr/bin/chromium; skipped without it, except that with
 PYOFFCPU_REQUIRE_BPF=1 (CI, which installs chromium) a missing browser fails.
 """
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -14,10 +13,10 @@ import zlib
 
 import pytest
 
+from conftest import chromium_or_skip
 from pyoffcpu.export.svg import render_svg
 from pyoffcpu.profile.model import from_folded
 
-CHROMIUM = "/usr/bin/chromium"
 SVG_NS = "{http://www.w3.org/2000/svg}"
 MAGENTA = (230, 0, 230)
 
@@ -31,11 +30,7 @@ process 42 python3;thread 43 worker;run (w.py:5);helper (w.py:9) 150000
 
 @pytest.fixture(scope="module")
 def chromium():
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("PYOFFCPU_REQUIRE_BPF") == "1":
-            pytest.fail(f"{CHROMIUM} is missing but PYOFFCPU_REQUIRE_BPF=1 requires the browser tests")
-        pytest.skip(f"{CHROMIUM} not installed")
-    return CHROMIUM
+    return chromium_or_skip()
 
 
 def _run_chromium(chromium, tmp_path, url, *extra):

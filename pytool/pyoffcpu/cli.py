@@ -126,7 +126,7 @@ def _writable_or_fail(path: str, todo: str, what: str = "") -> None:
                    "--timeline-min-us or more at its real begin and end, its reason, stack and waker "
                    "(--wakers), each on-CPU sample (docs/timeline.md). Sets --off-cpu exact.")
 @click.option("--timeline-min-us", type=click.IntRange(min=1), default=100, show_default=True, metavar="US",
-              help="With --timeline: the shortest wait drawn (raised, and said, past 500,000 waits).")
+              help="With --timeline: the shortest wait drawn (raised, and said, past 250,000 waits).")
 @click.option("--min-block-us", type=click.IntRange(min=0), default=0, metavar="US",
               help="Leave out waits shorter than US microseconds (their count and time are printed).")
 @click.option("--max-block-us", type=click.IntRange(min=1), default=None, metavar="US",

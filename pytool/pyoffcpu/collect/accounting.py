@@ -48,6 +48,9 @@ class ThreadAccounts:
         # tid -> (pid, Python stack hash, kind, native stack id) of the
         # threads there at the start, blocked (preexisting.py fills it)
         self.initial: Dict[int, Tuple[int, int, int, int]] = {}
+        # --timeline: told of each wait there at the start, (its key, the
+        # start, its end), as add_initial adds it
+        self.on_initial: Optional[Callable[[tuple, int, int], None]] = None
         self.filtered = [0, 0]          # waits left out here by length: [how many, ns]
         # the kernel's fold (bpf: fold_exit): control.fold, and its group ids
         # -> (process, entry stack, name), then -> the group's id here
@@ -145,6 +148,8 @@ class ThreadAccounts:
             return
         pid0, pyhash, kind, ustack = self.initial.get(tid, (pid, 0, bpfdefs.KIND_OTHER, NO_STACK))
         self.add_own((pid0, tid, ustack, -1, pyhash, kind), 1, ns)
+        if self.on_initial is not None:         # --timeline
+            self.on_initial((pid0, tid, ustack, -1, pyhash, kind), self.start_ns, self.start_ns + ns)
 
     def samples_of(self, tid: int) -> int:
         return sum(self.rec.stacks[k][0] for k in self.tid_keys.get(tid, ())

@@ -84,6 +84,7 @@ class Program:
         self._perf_buffers: list = []
         self._waiter = -1               # epoll set of the perf buffers, when several
         self._waited = 0                # ... how many of them it holds
+        self._unwaited: set = set()     # buffers read at each poll that never end its wait
         self._specs = {m["name"]: m for m in entry["maps"]}
         self._progs = {p["name"]: p for p in entry["programs"]}
         self._map_fds: Dict[str, int] = {}
@@ -252,7 +253,8 @@ class Program:
         self.wait_on_buffers()
         # what is there already is read without waiting (a record that came
         # before the epoll set was made has woken no one)
-        ready = sum(max(lib.perf_buffer__poll(pb, 0), 0) for pb, _, _ in self._perf_buffers)
+        ready = sum(max(lib.perf_buffer__poll(pb, 0), 0) for pb, _, _ in self._perf_buffers
+                    if pb not in self._unwaited)
         if self._waiter >= 0 and not ready:
             ev = _EpollEvent()
             _libc.epoll_wait(self._waiter, ctypes.byref(ev), 1, timeout)
@@ -269,9 +271,11 @@ class Program:
             self._waiter, self._waited = _libc.epoll_create1(os.O_CLOEXEC), 0
         lib = lib_bpf()
         for pb, _, _ in self._perf_buffers[self._waited:] if self._waiter >= 0 else ():
+            self._waited += 1
+            if pb in self._unwaited:
+                continue
             ev = _EpollEvent(select.EPOLLIN, 0)
             _libc.epoll_ctl(self._waiter, 1, lib.perf_buffer__epoll_fd(pb), ctypes.byref(ev))
-            self._waited += 1
 
     # -- maps
     def __getitem__(self, name):

@@ -521,12 +521,12 @@ class Session(SessionSetup):
         if o.mode in ("wall", "off"):
             self.blocked.flush_captured(self._start_ns, self._end_ns)
             self.blocked.flush_sampled(self._start_ns, self._end_ns, open_waits)
-        if self.timeline is not None:
+        self._finish_threads()
+        if self.timeline is not None:       # (after the threads: their waits at the start)
             rec.timeline = self.timeline.resolved(self._ustack_id)
             rec.timeline.start_ns, rec.timeline.end_ns = self._start_ns, self._end_ns
             for ev in rec.timeline.events:
                 self._fetch_stack_ids(ev.key[2], ev.key[3])
-        self._finish_threads()
         self._read_drops()
         self._write_stats(time.monotonic() - start_mono)
         if o.system_wide:

@@ -209,8 +209,10 @@ class SessionSetup:
             from .timeline import TimelineBuffer
             self.timeline = TimelineBuffer(o.timeline_min_ns,
                                            lambda ns: self._write_control(timeline_min_ns=ns))
+            # read at each turn of the loop (50 ms at most), not woken by each record
             self.bpf["timeline"].open_perf_buffer(self.timeline.on_event, page_cnt=256,
-                                                  lost_cb=self.timeline.on_lost)
+                                                  lost_cb=self.timeline.on_lost, wakes=False)
+            self.accounts.on_initial = self.timeline.add_initial_wait
         # tests: the threads folded here before the kernel's fold is on are in its view too
         self.accounts.fold_shadow = bool(self._fold_mode() & bpfdefs.FOLD_SHADOW)
         # The programs that finish each sample (and walk native stacks from

@@ -338,9 +338,12 @@ def lib_bpf():
 
 class PerfEventArray(Array):
     def open_perf_buffer(self, callback: Callable, page_cnt: int = 8,
-                         lost_cb: Optional[Callable] = None, wakeup_events: int = 1):
+                         lost_cb: Optional[Callable] = None, wakeup_events: int = 1, wakes: bool = True):
         """Per-CPU ring buffers of this map; callback(cpu, data, size) and
-        lost_cb(count) are called from perf_buffer_poll."""
+        lost_cb(count) are called from perf_buffer_poll.  wakes=False (with
+        other buffers): a record here does not end perf_buffer_poll's wait,
+        it is read at the next poll (a buffer that fills at tens of
+        thousands of records a second would turn the loop that often)."""
         if page_cnt & (page_cnt - 1):
             raise Exception("Perf buffer page_cnt must be a power of two")
         if wakeup_events != 1:
@@ -352,6 +355,8 @@ class PerfEventArray(Array):
         if not pb:
             raise Exception(f"Could not open perf buffer: {os.strerror(ct.get_errno())}")
         self.bpf._perf_buffers.append((pb, sample, lost))
+        if not wakes:
+            self.bpf._unwaited.add(pb)
         self.bpf.wait_on_buffers()
 
 

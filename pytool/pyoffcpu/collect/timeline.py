@@ -25,8 +25,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 # kind, gen, nstack), begin, end, wake_ts, waker_tgid, waker_tid, comm
 EVENT = struct.Struct("<IIiiQIIQQQQII16s")
 MIN_US_DEFAULT = 100
-MAX_WAITS = 500_000                 # ~100 MB of JSON, ~45 MB here (raw records)
-MAX_SAMPLES = 500_000
+MAX_WAITS = 250_000                 # ~100 MB of JSON at ~400 bytes a wait; 22 MB here (raw records)
+MAX_SAMPLES = 250_000
+PENDING_BYTES = 1 << 20             # records kept as they came before settle() sorts them out
 
 
 @dataclass
@@ -38,6 +39,7 @@ class TimelineEvent:
     end: int
     comm: str
     waker: Optional[Tuple[int, int, int]] = None    # (tgid, tid, when it woke the wait)
+    before_start: bool = False      # blocked already when the recording started (begin: the start)
 
 
 @dataclass
@@ -70,17 +72,28 @@ class TimelineBuffer:
         self.stride = 1
         self.seen: Dict[int, int] = {}          # tid -> its samples so far
         self.lost = 0
+        self.initial: List[TimelineEvent] = []  # the waits there at the start (one a thread at most)
+        self.pending = bytearray()              # records not sorted out yet (settle)
 
     # -- perf buffer callbacks ------------------------------------------------
     def on_event(self, cpu, data, size):
-        if size < EVENT.size:
-            return
-        raw = ctypes.string_at(data, EVENT.size)
-        end = EVENT.unpack_from(raw)[9]
-        if end:
-            self.add_wait(raw)
-        else:
-            self.add_sample(raw)
+        """Kept as it came, sorted out in bulk (settle): a server sends tens
+        of thousands a second, and this runs once for each."""
+        if size >= EVENT.size:
+            self.pending += ctypes.string_at(data, EVENT.size)
+            if len(self.pending) >= PENDING_BYTES:
+                self.settle()
+
+    def settle(self) -> None:
+        """The events that came since the last call, into the budget."""
+        data, self.pending = self.pending, bytearray()
+        view = memoryview(data)
+        size = EVENT.size
+        for i, e in enumerate(EVENT.iter_unpack(data)):
+            if e[9]:
+                self._wait(view[i * size:(i + 1) * size], e[9] - e[8])
+            else:
+                self._sample(view[i * size:(i + 1) * size], e[1])
 
     def on_lost(self, count):
         self.lost += count
@@ -88,7 +101,10 @@ class TimelineBuffer:
     # -- the budget -----------------------------------------------------------
     def add_wait(self, raw: bytes) -> None:
         e = EVENT.unpack_from(raw)
-        if e[9] - e[8] < self.threshold:
+        self._wait(raw, e[9] - e[8])
+
+    def _wait(self, raw, length: int) -> None:
+        if length < self.threshold:
             return                      # sent before BPF saw the raised threshold
         self.waits += raw
         self.n_waits += 1
@@ -100,6 +116,12 @@ class TimelineBuffer:
         switch-out (key: BPF's stack_key, pystack as user space fixed it)."""
         self.add_wait(EVENT.pack(key.tgid, key.tid, key.ustack, key.kstack, pystack, key.kind, 0,
                                  key.nstack, begin, end, 0, 0, 0, b""))
+
+    def add_initial_wait(self, key: tuple, start: int, end: int) -> None:
+        """A thread's wait that was there at the start, until its first
+        switch-in (or the end); key as Recording.stacks' (ThreadAccounts)."""
+        if end - start >= self.threshold:
+            self.initial.append(TimelineEvent(key, start, end, "", None, before_start=True))
 
     def _raise_threshold(self) -> None:
         self.threshold *= 2
@@ -114,7 +136,9 @@ class TimelineBuffer:
         self.waits, self.n_waits = kept, n
 
     def add_sample(self, raw: bytes) -> None:
-        tid = EVENT.unpack_from(raw)[1]
+        self._sample(raw, EVENT.unpack_from(raw)[1])
+
+    def _sample(self, raw, tid: int) -> None:
         i = self.seen.get(tid, 0)
         self.seen[tid] = i + 1
         if i % self.stride:
@@ -145,6 +169,7 @@ class TimelineBuffer:
     def resolved(self, ustack_id: Callable[[int, int], int]) -> Timeline:
         """The events, their stacks named as Recording.stacks' keys are:
         ustack_id(ustack, nstack) is the drains' id of a user stack."""
+        self.settle()
         out = Timeline(min_ns=self.min_ns, final_min_ns=self.threshold, waits_dropped=self.waits_dropped,
                        sample_stride=self.stride, samples_dropped=self.samples_dropped, lost=self.lost)
         for buf in (self.waits, self.samples):
@@ -154,5 +179,6 @@ class TimelineBuffer:
                 name = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
                 waker = (wtgid, wtid, wake_ts) if wake_ts and wtid else None
                 out.events.append(TimelineEvent(key, begin, end, name, waker))
+        out.events += [ev for ev in self.initial if ev.end - ev.begin >= self.threshold]
         out.events.sort(key=lambda ev: ev.begin)
         return out

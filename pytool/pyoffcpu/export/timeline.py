@@ -7,7 +7,8 @@ chrome://tracing read (docs/timeline.md):
 - each wait as a complete slice ("X") at its real begin and end, named by
   its reason, with its stack (root first, `;` between frames) and its
   innermost Python frame in args; a wait still open when the recording
-  ended has args.open;
+  ended has args.open, one that began before it args.before_start (it is
+  drawn from the start);
 - with --wakers, a flow arrow from a 1 ns slice on the waker's thread
   ("wakes NAME", at the moment of the wakeup) to a 1 ns slice ("woken")
   that ends the wait it ended;
@@ -70,6 +71,8 @@ def _span_events(tl: TimelineModel, s, flow: int, full_paths: bool, short) -> Li
     args = {"stack": stack, "at": where, "reason": s.reason}
     if s.open_at_end:
         args["open"] = True
+    if s.before_start:
+        args["before_start"] = True
     out = [{"ph": "X", "cat": "off-cpu", "name": s.reason, "pid": s.pid, "tid": s.tid,
             "ts": _us(s.begin), "dur": _us(s.end - s.begin), "args": args}]
     if s.waker is not None:

@@ -23,6 +23,7 @@ class Span:
     waker: Optional[Tuple[int, int, int]] = None    # (pid, tid, when it woke the wait)
     open_at_end: bool = False       # still blocked when the recording ended
     task: Optional[str] = None      # --async: an asyncio task's state (reason: "running", "await: ...")
+    before_start: bool = False      # blocked already when the recording started (begin: the start)
 
 
 TASK_TID_BASE = 1 << 30             # a task's track: above any thread id (pid_max <= 2^22)
@@ -109,7 +110,7 @@ def build_timeline(rec, merger) -> TimelineModel:
             out.threads.setdefault(waker[1], (waker[0], ""))
         out.spans.append(Span(tgid, tid, ev.begin, ev.end, frames,
                               (reason or "off-CPU") if ev.end else None, waker,
-                              ev.end >= tl.end_ns > 0))
+                              ev.end >= tl.end_ns > 0, before_start=ev.before_start))
     _add_tasks(out, rec)
     ended = {t.first_tid: t.name for t in rec.threads.values() if t.threads == 1}
     for tid, (pid, _) in list(out.threads.items()):
