@@ -10,7 +10,7 @@ from conftest import env, pyoffcpu_cmd
 
 LINE = re.compile(r"^(ok|warn|FAIL)\s+([^:]+): (.+)$")
 NEEDED = ("privileges", "kernel BTF", "tracefs", "tracepoints", "kernel lockdown", "BPF", "perf events",
-          "bcc", "kernel headers", "cache directory", "kernel.bpf_stats_enabled")
+          "bcc", "kernel headers", "BPF programs", "cache directory", "kernel.bpf_stats_enabled")
 
 
 def doctor(*prefix, extra_env=None, args=()):
@@ -75,3 +75,44 @@ def test_doctor_quiet_prints_only_what_is_not_ok(bpf):
     res, rows = doctor(args=("--quiet",))
     assert res.returncode == 0
     assert all(s != "ok" for v in rows.values() for s, _ in v), res.stdout
+
+
+def _no_bcc(tmp_path):
+    """A `bcc` that cannot be imported, first on the path (as a venv without
+    Debian's site-packages has none)."""
+    fake = tmp_path / "nobcc" / "bcc"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('planted: no bcc here')\n")
+    return {"PYTHONPATH": f"{fake.parent}{os.pathsep}{env()['PYTHONPATH']}"}
+
+
+def test_doctor_without_bcc_says_no_recording_works_and_a_recording_agrees(bpf, tmp_path):
+    """Issue 45's case: bcc not importable.  A program set compiled with bcc
+    is keyed by it, so the cache cannot serve: doctor says no recording
+    would work, and a recording in the same setup fails as it says."""
+    extra = _no_bcc(tmp_path)
+    res, rows = doctor(extra_env=extra)
+    assert res.returncode == 1, res.stdout
+    assert rows["bcc"][0][0] == "warn" and rows["BPF programs"][0][0] == "FAIL", res.stdout
+    assert "a recording would not work" in res.stderr
+    rec = subprocess.run(pyoffcpu_cmd("-p", str(os.getpid()), "-d", "0.5", "-o", str(tmp_path / "o.folded")),
+                         env=dict(env(), **extra), capture_output=True, text=True, timeout=120)
+    assert rec.returncode != 0 and "cannot load the BPF programs" in rec.stderr, rec.stderr
+
+
+def test_doctor_with_headers_hidden_and_an_empty_cache_fails(bpf, tmp_path):
+    """No kernel headers (an empty directory mounted over them in a mount
+    namespace of its own) and an empty program cache: nothing to load."""
+    release = os.uname().release
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    res, rows = doctor("unshare", "-m", "--propagation", "private", "sh", "-c",
+                       f'mount -t tmpfs none /lib/modules/{release} && exec "$@"', "sh",
+                       extra_env={"PYOFFCPU_CACHE_DIR": str(cache)})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert rows["kernel headers"][0][0] == "warn" and rows["BPF programs"][0][0] == "FAIL", res.stdout
+
+
+def test_doctor_with_everything_says_programs_compile(bpf):
+    res, rows = doctor()
+    assert rows["BPF programs"] == [("ok", "bcc compiles them at a recording's first start (then cached)")]

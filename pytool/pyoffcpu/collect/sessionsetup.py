@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import List
+from typing import List, Optional
 
 from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
@@ -20,6 +20,36 @@ from ..targets.processes import Targets
 from ..targets.selection import Select
 
 
+def compile_flags(o, p) -> List[str]:
+    """The -D and -I flags the programs of a recording with options o are
+    compiled with on platform p (the unwinder's are unwind_loader.cflags)."""
+    return [
+        f"-I{BPF_DIR}",
+        f"-DTASK_FSBASE_OFF={p.task_fsbase_offset}",
+        f"-DTASK_PID_OFF={p.task_pid_offset}",
+        f"-DTASK_TGID_OFF={p.task_tgid_offset}",
+        f"-DTASK_EXEC_OFF={p.task_exec_offset}",
+        f"-DEXIT_GROUP_DEAD={int(p.exit_group_dead)}",
+        f"-DTASK_RSEQ_OFF={p.task_rseq_offset}",
+        f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
+        f"-DKERNEL_STACKS={1 if o.kernel else 0}",
+        f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
+        f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
+        f"-DASYNC_TASKS={int(o.async_tasks)}",
+        f"-DTIMELINE={int(bool(o.timeline) and o.mode != 'cpu')}",
+        # tests: every switch memo hit walked all the same and compared (bpf/memo.c)
+        f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
+    ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX", "AX"), p.pt_regs_offsets)]
+
+
+def program_key(o, p) -> Optional[str]:
+    """The program cache's key of the programs a recording with options o
+    compiles on platform p (None: not known, the BTF unreadable)."""
+    from .platform import BTF_PATH
+    from .progcache import cache_key
+    return cache_key(bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")),
+                     compile_flags(o, p) + unwind_loader.cflags(BTF_PATH))
+
 
 class SessionSetup:
     """The setup half of Session: its methods, on Session's state."""
@@ -28,24 +58,7 @@ class SessionSetup:
         from . import bpfload
         from ..kernel import bpfsys  # from the cache without clang; bcc (slow, maps LLVM) on a miss
         o = self.opts
-        p = self.platform
-        cflags = [
-            f"-I{BPF_DIR}",
-            f"-DTASK_FSBASE_OFF={p.task_fsbase_offset}",
-            f"-DTASK_PID_OFF={p.task_pid_offset}",
-            f"-DTASK_TGID_OFF={p.task_tgid_offset}",
-            f"-DTASK_EXEC_OFF={p.task_exec_offset}",
-            f"-DEXIT_GROUP_DEAD={int(p.exit_group_dead)}",
-            f"-DTASK_RSEQ_OFF={p.task_rseq_offset}",
-            f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
-            f"-DKERNEL_STACKS={1 if o.kernel else 0}",
-            f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
-            f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
-            f"-DASYNC_TASKS={int(o.async_tasks)}",
-            f"-DTIMELINE={int(bool(o.timeline) and o.mode != 'cpu')}",
-            # tests: every switch memo hit walked all the same and compared (bpf/memo.c)
-            f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
-        ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX", "AX"), p.pt_regs_offsets)]
+        cflags = compile_flags(o, self.platform)
         from .platform import BTF_PATH
         self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
         cflags += self._unwind_cflags

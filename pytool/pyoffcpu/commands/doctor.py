@@ -167,31 +167,60 @@ def check_perf_event() -> Check:
 
 
 def check_bcc() -> List[Check]:
+    """bcc, the kernel headers it compiles against, and the verdict on both
+    with the program cache: can a recording's programs be loaded?"""
     out = []
     try:
         import bcc  # noqa: F401
         out.append(Check(OK, "bcc", f"importable ({os.path.dirname(bcc.__file__)})"))
+        have_bcc = True
     except Exception as e:                                  # noqa: BLE001 - any import failure
         out.append(Check(WARN, "bcc", f"not importable ({type(e).__name__}: {e}): only programs "
                          "in the program cache load", "apt install python3-bpfcc"))
+        have_bcc = False
     release = os.uname().release
     build = f"/lib/modules/{release}/build"
     found = [p for p in ("include/generated/autoconf.h", "include/linux/kconfig.h")
              if os.path.exists(os.path.join(build, p))]
-    entries = _cache_entries()
     if found:
-        out.append(Check(OK, "kernel headers", f"{os.path.realpath(build)}: bcc can compile"))
-    elif entries:
-        out.append(Check(WARN, "kernel headers", f"none at {build}: only the {entries} programs already "
-                         "in the program cache load (a new kernel or option needs a compile)",
-                         "apt install linux-headers-amd64, then /usr/share/pyoffcpu/setup-kernel-headers "
-                         "(or tools/setup-system.sh)"))
+        out.append(Check(OK, "kernel headers", f"{os.path.realpath(build)}: what bcc compiles against"))
     else:
-        out.append(Check(FAIL, "kernel headers", f"none at {build}, and the program cache is empty: "
-                         "bcc has nothing to compile against",
+        out.append(Check(WARN, "kernel headers", f"none at {build}: bcc cannot compile (a program set "
+                         "compiled before is found by the headers it was compiled with)",
                          "apt install linux-headers-amd64, then /usr/share/pyoffcpu/setup-kernel-headers "
                          "(or tools/setup-system.sh)"))
+    out.append(_programs_verdict(have_bcc, bool(found)))
     return out
+
+
+def _programs_verdict(have_bcc: bool, have_headers: bool) -> Check:
+    """Whether `pyoffcpu -p PID` can load its programs: compiled by bcc
+    against the headers, or a program set the cache holds for this kernel
+    (the default options' set, found by its key)."""
+    if have_bcc and have_headers:
+        return Check(OK, "BPF programs", "bcc compiles them at a recording's first start (then cached)")
+    cached = _default_set_cached()
+    missing = " and ".join(w for w, ok in (("bcc", have_bcc), ("kernel headers", have_headers)) if not ok)
+    todo = "apt install python3-bpfcc linux-headers-amd64 (tools/setup-system.sh)"
+    if cached:
+        return Check(WARN, "BPF programs", f"no {missing}: `pyoffcpu -p PID` loads its programs from the "
+                     f"cache ({cached}); other options (--wakers, --kernel, -F, ...) would need a compile", todo)
+    return Check(FAIL, "BPF programs", f"none can be loaded: no {missing} to compile them, and the program "
+                 "cache holds no set for this kernel", todo)
+
+
+def _default_set_cached() -> str:
+    """The cache file of the default recording's programs on this kernel, or ''."""
+    from ..cachedir import cache_dir
+    from ..collect.recording import Options
+    from ..collect.sessionsetup import program_key
+    d = cache_dir("bpf")
+    try:
+        key = program_key(Options(), P.probe()) if d else None
+    except Exception:                                       # noqa: BLE001 - not known: not cached
+        return ""
+    path = os.path.join(d, key + ".bpf") if key else ""
+    return path if path and os.path.isfile(path) else ""
 
 
 def _cache_entries() -> int:
