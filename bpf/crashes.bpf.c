@@ -333,7 +333,7 @@ int crash_py(struct bpf_raw_tracepoint_args *ctx)
     fill_hdr(&p->h, s, CR_PYSTACK, 0);
     p->thread = s->tid;
     p->tstate = current_tstate(pi);
-    walk_python(pi, &p->st, tgid, p->tstate);
+    walk_python(pi, &p->st, tgid, p->tstate, 0);
     s->self_ts = p->tstate;
     s->next_ts = thread_list(s, p->tstate);
     s->others = 0;
@@ -378,7 +378,7 @@ int crash_other(struct bpf_raw_tracepoint_args *ctx)
     fill_hdr(&p->h, s, CR_PYSTACK, 0);
     p->thread = tid;
     p->tstate = ts;
-    walk_python(pi, &p->st, tgid, ts);
+    walk_python(pi, &p->st, tgid, ts, 0);
     send_frames(ctx, s, p);
     return 0;
 }

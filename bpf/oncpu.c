@@ -48,7 +48,7 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
         return;
     u64 tstate = pi->walker != WALK_NONE ? current_tstate(pi) : 0;
     key->kind |= gil_state(pi, tstate) << GIL_SHIFT;
-    u64 h = walk_python(pi, st, tgid, tstate);
+    u64 h = walk_python(pi, st, tgid, tstate, slot);
     key->pystack = h;
     if (!h)
         return;

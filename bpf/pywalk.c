@@ -106,8 +106,15 @@ struct frame_win {
     u64 below;                      /* a refill starts at f & below */
     u8 b[PYWIN + 136];
 };
-/* One per CPU is enough: BPF tracing programs do not nest on a CPU. */
-BPF_PERCPU_ARRAY(frame_win, struct frame_win, 1);
+/* Per CPU, one for each program that may run while another's walk is under
+ * way on that CPU, as `scratch`'s slots: 0 the on-CPU sample (a perf event
+ * program runs in the timer's interrupt, which can come in the middle of a
+ * raw tracepoint program's walk), 1 sched_switch and rseq_capture (which
+ * never run beside each other), 2 sched_waking.  One shared slot let a
+ * sample overwrite a switch's window mid-walk: that wait's Python stack came
+ * out torn (CI's deep recursion test, off-CPU waits with 63 of 128 frames). */
+#define FRAME_WIN_SLOTS 3
+BPF_PERCPU_ARRAY(frame_win, struct frame_win, FRAME_WIN_SLOTS);
 
 /* Do [addr, addr + n) lie in the copy of [lo, lo + len)?  Written so that
  * nothing wraps around, whatever addr holds. */
@@ -130,7 +137,7 @@ static __always_inline int in_copy(u64 lo, u64 len, u64 addr, u64 n)
  * capture.  A failed read ends the walk; shim frames are recorded like any
  * other (user space drops them by their owner). */
 static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st, u32 tgid,
-                                       u64 tstate)
+                                       u64 tstate, int slot)
 {
     st->depth = 0;
     st->flags = 0;
@@ -145,8 +152,7 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
         count_drop(DROP_PY_READ);
         return 0;
     }
-    int zero = 0;
-    struct frame_win *win = frame_win.lookup(&zero);
+    struct frame_win *win = frame_win.lookup(&slot);
     if (!win)
         return 0;
     u8 *w = win->b;

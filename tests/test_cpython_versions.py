@@ -285,8 +285,9 @@ def test_deep_recursion_is_truncated_not_lost(run):
                 and all(f == ("recurse", workload, L["recurse"]) for f in frames[:-2])):
             kept += ns
         else:           # for the message: what the stack was instead
-            misses.append((ns, key.frames[0].name if key.frames else None, len(frames),
-                           frames[::-1][:3]))
+            misses.append((ns, key.frames[0].name if key.frames else None, len(frames), len(key.frames),
+                           key.off_cpu, [f.label(True) for f in key.frames[:4]],
+                           [f.label(True) for f in key.frames[-6:]]))
     print("\n%s recurse: %.2f%% truncated and exact" % (run.label, 100 * kept / total))
     assert kept >= THRESHOLD * total, sorted(misses, reverse=True)[:5]
 
