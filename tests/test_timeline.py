@@ -115,12 +115,12 @@ def test_five_naps_are_five_slices_at_their_own_clocks_times(bpf, perfetto, tmp_
     # VM: pyoffcpu's own program at that switch runs ~2 µs of it), 56-135 µs
     # in Python (time.sleep overshoots by 140-194 µs here with no profiler
     # at all).  The slices lie inside the reads; the begins within 50 µs of
-    # them (one read of a run may be delayed by the host: within 500 µs),
-    # the ends within 200 µs.
+    # them, the ends within 200 µs (one read of a run may be delayed by the
+    # host, which the guest cannot see: within 1 ms).
     print("begin, end edges (us):", [e / 1000 for e in begins], [e / 1000 for e in ends])
     assert all(e >= 0 for e in begins + ends), (begins, ends)
-    assert sorted(begins)[-2] <= EDGE_NS and max(begins) <= 10 * EDGE_NS, begins
-    assert max(ends) <= 4 * EDGE_NS, ends
+    for edges, bound in ((begins, EDGE_NS), (ends, 4 * EDGE_NS)):
+        assert sorted(edges)[-2] <= bound and max(edges) <= 20 * EDGE_NS, (edges, bound)
     # and they are the profile's own times: the flame graph's napper sleep
     # (Python: under nap(); C: all of it) is their sum
     folded = (tmp_path / "t.folded").read_text()
