@@ -259,3 +259,24 @@ def test_async_tasks_get_tracks_of_their_states(bpf, perfetto, tmp_path):
     assert ticker.get("await: sleep", 0) > 0.5 * sum(ticker.values()), ticker
     assert cpu.get("running", 0) + cpu.get("ready", 0) > 0.5 * sum(cpu.values()), cpu
     assert by["task consumer"].get("await: queue", 0) > 0, by["task consumer"]
+
+
+def test_thinning_ends_where_nothing_is_left_to_thin(monkeypatch):
+    """One sample a thread and a bound it cannot meet: render_timeline ends
+    (keeping them) instead of halving forever; the buffer's per-thread
+    sample counts stay bounded however many threads come and go."""
+    from pyoffcpu.collect import timeline as C
+    from pyoffcpu.export.timeline import render_timeline
+    from pyoffcpu.profile.timeline import Span, TimelineModel
+    tl = TimelineModel(0, 10**9, 0.0, asked_min_ns=100_000, min_ns=100_000)
+    tl.processes[1] = "p"
+    for tid in range(2, 102):
+        tl.threads[tid] = (1, f"t{tid}")
+        tl.spans.append(Span(1, tid, tid * 1000, 0, (), None))
+    doc = json.loads(render_timeline(tl, max_bytes=1000))
+    assert sum(1 for e in doc["traceEvents"] if e["ph"] == "i") == 100
+    monkeypatch.setattr(C, "SEEN_MAX", 8)
+    buf = TimelineBuffer(100_000, lambda ns: None, max_samples=10**6)
+    for tid in range(1000):
+        buf.add_sample(_sample(tid, tid))
+    assert len(buf.seen) <= 8 and buf.n_samples == 1000

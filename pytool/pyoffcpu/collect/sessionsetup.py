@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
@@ -42,13 +42,20 @@ def compile_flags(o, p) -> List[str]:
     ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX", "AX"), p.pt_regs_offsets)]
 
 
+def program_source(o, p) -> Tuple[str, List[str], List[str]]:
+    """(the BPF text, all its flags, the unwinder's part of them) a recording
+    with options o compiles on platform p."""
+    from .platform import BTF_PATH
+    unwind = unwind_loader.cflags(BTF_PATH)
+    return bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), compile_flags(o, p) + unwind, unwind
+
+
 def program_key(o, p) -> Optional[str]:
     """The program cache's key of the programs a recording with options o
     compiles on platform p (None: not known, the BTF unreadable)."""
-    from .platform import BTF_PATH
     from .progcache import cache_key
-    return cache_key(bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")),
-                     compile_flags(o, p) + unwind_loader.cflags(BTF_PATH))
+    text, cflags, _ = program_source(o, p)
+    return cache_key(text, cflags)
 
 
 class SessionSetup:
@@ -58,15 +65,12 @@ class SessionSetup:
         from . import bpfload
         from ..kernel import bpfsys  # from the cache without clang; bcc (slow, maps LLVM) on a miss
         o = self.opts
-        cflags = compile_flags(o, self.platform)
-        from .platform import BTF_PATH
-        self._unwind_cflags = unwind_loader.cflags(BTF_PATH)
-        cflags += self._unwind_cflags
+        text, cflags, self._unwind_cflags = program_source(o, self.platform)
         # only what the mode runs (no sched_switch in cpu mode, no perf event in
         # off mode), all verified at once; the unwinder's may fail (_attach)
         sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
         try:
-            self.bpf = bpfload.load(bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), cflags,
+            self.bpf = bpfload.load(text, cflags,
                                     sizes=map_sizes(o, tables=unwind_loader.tables_on(self._unwind_cflags)),
                                     skip=() if switches else ("sched_switch",),
                                     preload=([("on_cpu_sample", bpfsys.PERF_EVENT)] if sampled else [])

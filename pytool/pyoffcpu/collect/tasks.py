@@ -186,11 +186,11 @@ class TaskSampler:
     def _span(self, pid: int, addr: int, info: TaskInfo, state: str, begin: int, end: int) -> None:
         """--timeline: the task was in `state` from begin to end."""
         t = self.times
-        spans = t.spans.setdefault((pid, addr, info), [])
+        spans = t.spans.get((pid, addr, info))
         if spans and spans[-1][2] == state and spans[-1][1] == begin:
             spans[-1][1] = end
         elif t.spans_kept < MAX_SPANS:
-            spans.append([begin, end, state])
+            t.spans.setdefault((pid, addr, info), []).append([begin, end, state])
             t.spans_kept += 1
 
     def _record(self, pid: int, snap: A.Snapshot, now: int, weight: int) -> None:
@@ -214,13 +214,13 @@ class TaskSampler:
             info.last_ns = now
             if task.coro:
                 t.by_frame[(pid, task.coro + gen_iframe)] = task.addr
+            running = task.state == A.RUNNING
+            kind = "running" if running else A.await_kind(chain, task, names)
             if t.spans is not None and weight > 0:
-                kind = "running" if task.state == A.RUNNING else A.await_kind(chain, task, names)
                 self._span(pid, task.addr, info, kind if kind in ("running", "ready") else "await: " + kind,
                            now - weight, now)
-            if task.state == A.RUNNING or weight <= 0:
+            if running or weight <= 0:
                 continue                            # BPF measures it
-            kind = A.await_kind(chain, task, names)
             wkey = (pid, task.tid, task.addr, info, tuple(chain), kind)
             slot = t.waits.get(wkey)
             if slot is None:

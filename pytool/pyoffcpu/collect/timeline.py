@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 # struct timeline_event: the stack_key (tgid, tid, ustack, kstack, pystack,
 # kind, gen, nstack), begin, end, wake_ts, waker_tgid, waker_tid, comm
@@ -28,6 +28,23 @@ MIN_US_DEFAULT = 100
 MAX_WAITS = 250_000                 # ~100 MB of JSON at ~400 bytes a wait; 22 MB here (raw records)
 MAX_SAMPLES = 250_000
 PENDING_BYTES = 1 << 20             # records kept as they came before settle() sorts them out
+SEEN_MAX = 65_536                   # threads whose sample count is kept (past it: counted from 0 again)
+
+
+def every_other(items: Iterable, thread_of: Callable[[object], Optional[int]]) -> List:
+    """The budget's halving of samples: of each thread's items, the 1st,
+    3rd, 5th ... stay (those kept were its samples 0, k, 2k, ...: 0, 2k,
+    4k, ... stay); an item whose thread_of is None is not a sample and stays."""
+    nth: Dict[int, int] = {}
+    kept = []
+    for item in items:
+        tid = thread_of(item)
+        if tid is not None:
+            i = nth[tid] = nth.get(tid, -1) + 1
+            if i % 2:
+                continue
+        kept.append(item)
+    return kept
 
 
 @dataclass
@@ -139,6 +156,11 @@ class TimelineBuffer:
         self._sample(raw, EVENT.unpack_from(raw)[1])
 
     def _sample(self, raw, tid: int) -> None:
+        if len(self.seen) >= SEEN_MAX and tid not in self.seen:
+            # a thread-per-request server meets millions of threads in an
+            # hour: their counts go, and each thread's starts again at 0
+            # (a thread keeps at most one sample more than every k-th)
+            self.seen.clear()
         i = self.seen.get(tid, 0)
         self.seen[tid] = i + 1
         if i % self.stride:
@@ -153,17 +175,9 @@ class TimelineBuffer:
         """Every other kept sample of each thread goes: those kept were its
         samples 0, k, 2k, ... (stride k); 0, 2k, 4k, ... stay."""
         self.stride *= 2
-        kept = bytearray()
-        nth: Dict[int, int] = {}
-        n = 0
-        for e in EVENT.iter_unpack(self.samples):
-            i = nth.get(e[1], 0)
-            nth[e[1]] = i + 1
-            if i % 2 == 0:
-                kept += EVENT.pack(*e)
-                n += 1
-        self.samples_dropped += self.n_samples - n
-        self.samples, self.n_samples = kept, n
+        kept = every_other(EVENT.iter_unpack(self.samples), lambda e: e[1])
+        self.samples_dropped += self.n_samples - len(kept)
+        self.samples, self.n_samples = bytearray(b"".join(EVENT.pack(*e) for e in kept)), len(kept)
 
     # -- the end --------------------------------------------------------------
     def resolved(self, ustack_id: Callable[[int, int], int]) -> Timeline:

@@ -108,10 +108,13 @@ def render_timeline(tl: TimelineModel, full_paths: bool = False, max_bytes: int 
     lines = _lines(tl, full_paths)
     fixed = sum(len(m) + 2 for m in meta) + 4096
     while tl.spans and fixed + sum(len(lines[id(s)]) + 2 for s in tl.spans) > max_bytes:
+        before = len(tl.spans)
         if 2 * sum(len(lines[id(s)]) for s in tl.spans if not s.end) > sum(len(v) for v in lines.values()):
             tl.thin_samples()
         else:
             tl.thin_waits()
+        if len(tl.spans) == before:
+            break                       # what is left cannot be thinned (one sample a thread, task states)
         lines = {id(s): lines[id(s)] for s in tl.spans}
     head = {"displayTimeUnit": "ns",
             "otherData": {"generator": "pyoffcpu --timeline",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from ..collect.timeline import every_other
 from . import model as P
 from . import reasons
 
@@ -55,14 +56,7 @@ class TimelineModel:
 
     def thin_samples(self) -> None:
         """Every other on-CPU sample of each thread goes."""
-        nth: Dict[int, int] = {}
-        kept = []
-        for s in self.spans:
-            if not s.end:
-                i = nth[s.tid] = nth.get(s.tid, -1) + 1
-                if i % 2:
-                    continue
-            kept.append(s)
+        kept = every_other(self.spans, lambda s: None if s.end else s.tid)
         self.samples_dropped += len(self.spans) - len(kept)
         self.sample_stride *= 2
         self.spans = kept
