@@ -272,15 +272,17 @@ int crash_signal(struct bpf_raw_tracepoint_args *ctx)
     return 0;
 }
 
-/* The first of the other threads' PyThreadStates: the list of the crashing
- * thread's interpreter (0: none, or not read). */
-static __always_inline u64 thread_list(struct crash_state *s, u64 tstate)
+/* The first of the other threads' PyThreadStates: the list of the main
+ * interpreter (main_interp, 3.12+: every thread that runs in a
+ * subinterpreter called from there, and has a state there), else of the
+ * crashing thread's interpreter (0: none, or not read). */
+static __always_inline u64 thread_list(struct crash_state *s, u64 tstate, u64 main_interp)
 {
     struct crash_layout *lay = &s->lay;
     if (!tstate || lay->tstate_interp < 0 || lay->interp_threads_head < 0 || lay->tstate_next < 0)
         return 0;
     int failed = 0;
-    u64 interp = read_u64(tstate + lay->tstate_interp, &failed);
+    u64 interp = main_interp ? main_interp : read_u64(tstate + lay->tstate_interp, &failed);
     u64 head = failed || !interp ? 0 : read_u64(interp + lay->interp_threads_head, &failed);
     if (failed)
         s->flags |= CRF_OTHERS_READ;
@@ -332,10 +334,11 @@ int crash_py(struct bpf_raw_tracepoint_args *ctx)
     s->lay = *lay;
     fill_hdr(&p->h, s, CR_PYSTACK, 0);
     p->thread = s->tid;
-    p->tstate = current_tstate(pi);
-    walk_python(pi, &p->st, tgid, p->tstate, 0);
+    u64 thread_ptr = 0;
+    p->tstate = current_tstate(pi, &thread_ptr);
+    walk_python(pi, &p->st, tgid, p->tstate, 0, thread_ptr);
     s->self_ts = p->tstate;
-    s->next_ts = thread_list(s, p->tstate);
+    s->next_ts = thread_list(s, p->tstate, pi->main_interp);
     s->others = 0;
     send_frames(ctx, s, p);
     return 0;
@@ -378,7 +381,7 @@ int crash_other(struct bpf_raw_tracepoint_args *ctx)
     fill_hdr(&p->h, s, CR_PYSTACK, 0);
     p->thread = tid;
     p->tstate = ts;
-    walk_python(pi, &p->st, tgid, ts, 0);
+    walk_python(pi, &p->st, tgid, ts, 0, 0);
     send_frames(ctx, s, p);
     return 0;
 }

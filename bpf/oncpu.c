@@ -46,9 +46,10 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
     struct pystack *st = scratch.lookup(&slot);
     if (!st)
         return;
-    u64 tstate = pi->walker != WALK_NONE ? current_tstate(pi) : 0;
+    u64 thread_ptr = 0;
+    u64 tstate = pi->walker != WALK_NONE ? current_tstate(pi, &thread_ptr) : 0;
     key->kind |= gil_state(pi, tstate) << GIL_SHIFT;
-    u64 h = walk_python(pi, st, tgid, tstate, slot);
+    u64 h = walk_python(pi, st, tgid, tstate, slot, thread_ptr);
     key->pystack = h;
     if (!h)
         return;

@@ -19,6 +19,13 @@
 #define PYF_ENTRY       0x100       /* outermost frame of one _PyEval_EvalFrameDefault call */
 #define PYF_OWNER_MASK  0xff        /* 3.11+: the frame's owner byte; 3.12+ shims are
                                        recorded too, user space drops them by owner */
+/* Not a frame: the end of the frames of a subinterpreter's thread state (the
+ * frames before it, innermost first, ran in that interpreter).  code: the
+ * PyInterpreterState, offset: its id; PYF_OWN_GIL: it has a GIL of its own
+ * (not the main interpreter's).  The frames after it are the same thread's
+ * in the main interpreter (pywalk.c: outer_tstate). */
+#define PYF_INTERP      0x200
+#define PYF_OWN_GIL     0x400
 
 /* pystack.flags */
 #define PYS_TRUNCATED   1           /* more frames than MAX_PY_DEPTH: outermost lost */
@@ -76,6 +83,15 @@ struct proc_info {
     unsigned long long gc_flag;
     int gc_collecting;
     int gc_pad;
+    /* Subinterpreters (3.12+): the main PyInterpreterState (0: not looked
+     * for) and its GIL, and the offsets that find a thread's state in the
+     * main interpreter when it runs in another (pywalk.c: outer_tstate). */
+    unsigned long long main_interp;
+    unsigned long long main_gil;
+    int interp_id;                  /* offsetof(PyInterpreterState, id) */
+    int interp_threads_head;
+    int tstate_next;
+    int tstate_thread_id;           /* pthread_self() of the thread: its thread pointer */
 };
 
 struct py_frame {

@@ -41,7 +41,7 @@ static __always_inline u64 read_u64(u64 addr, int *failed)
  * gilstate binding survives while a thread blocks with the GIL released
  * (3.12+ clear _Py_tss_tstate then; see reference §7).  Both lie at a fixed
  * distance from the thread pointer (the %fs base, glibc's struct pthread). */
-static __always_inline u64 current_tstate(struct proc_info *pi)
+static __always_inline u64 current_tstate(struct proc_info *pi, u64 *thread_ptr)
 {
     int key = pi->tss_key;
     int specific = pi->pthread_specific;
@@ -58,6 +58,7 @@ static __always_inline u64 current_tstate(struct proc_info *pi)
     bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)(task + TASK_FSBASE_OFF));
     if (!fsbase)
         return 0;
+    *thread_ptr = fsbase;           /* glibc's and musl's pthread_self() */
     int failed = 0;
     return read_u64(fsbase + distance, &failed);
 }
@@ -104,6 +105,11 @@ static __always_inline u64 mix(u64 h, u64 v)
 struct frame_win {
     u64 lo, len;                    /* the copy in b: [lo, lo + len) of the target */
     u64 below;                      /* a refill starts at f & below */
+    /* a subinterpreter's thread state: its mark, written where its frames
+     * end, then the walk goes on at next_chain (walk_python) */
+    u64 mark_interp;                /* 0: none (any more) */
+    u64 mark_word;                  /* its flags << 32 | its id */
+    u64 next_chain;
     u8 b[PYWIN + 136];
 };
 /* Per CPU, one for each program that may run while another's walk is under
@@ -123,6 +129,54 @@ static __always_inline int in_copy(u64 lo, u64 len, u64 addr, u64 n)
     return len >= n && addr >= lo && addr - lo <= len - n;
 }
 
+/* Subinterpreters.  A thread that runs code in another interpreter
+ * (_interpreters.exec, concurrent.interpreters) has a thread state in each:
+ * the gilstate binding that current_tstate reads is the inner one, and the
+ * main interpreter's state of the same thread, whose frames called into the
+ * other, is on its thread list with the same pthread_self().  Found by a
+ * walk of that list, at most MAX_MAIN_THREADS long, once per inner thread
+ * state: the answer is kept per thread (outer_tstates) and checked at each
+ * use (the outer state still names this thread).  A thread started in the
+ * subinterpreter has no outer state; nor is one looked for in an
+ * interpreter between the two (a subinterpreter that calls into a third):
+ * that one's frames are not shown. */
+#define MAX_MAIN_THREADS 256
+struct outer_tstate {
+    u64 inner;                      /* the thread state it was found for */
+    u64 outer;                      /* 0: none */
+};
+BPF_TABLE("lru_hash", u32, struct outer_tstate, outer_tstates, 4096);
+
+static __always_inline u64 outer_tstate(struct proc_info *pi, u64 tstate, u64 thread_ptr)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    int failed = 0;
+    struct outer_tstate *known = outer_tstates.lookup(&tid);
+    if (known && known->inner == tstate) {
+        u64 outer = known->outer;
+        if (!outer)
+            return 0;
+        if (read_u64(outer + pi->tstate_thread_id, &failed) == thread_ptr && !failed)
+            return outer;
+    }
+    u64 ts = read_u64(pi->main_interp + pi->interp_threads_head, &failed);
+    u64 found = 0;
+    for (int i = 0; i < MAX_MAIN_THREADS; i++) {
+        if (!ts || failed)
+            break;
+        if (read_u64(ts + pi->tstate_thread_id, &failed) == thread_ptr && !failed) {
+            found = ts;
+            break;
+        }
+        ts = read_u64(ts + pi->tstate_next, &failed);
+    }
+    if (failed)
+        return 0;                   /* not known: looked for again next time */
+    struct outer_tstate v = {.inner = tstate, .outer = found};
+    outer_tstates.update(&tid, &v);
+    return found;
+}
+
 /* Walk the Python frames of the current thread into st; returns the stack's
  * hash (0: no Python frames).
  *
@@ -137,7 +191,7 @@ static __always_inline int in_copy(u64 lo, u64 len, u64 addr, u64 n)
  * capture.  A failed read ends the walk; shim frames are recorded like any
  * other (user space drops them by their owner). */
 static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st, u32 tgid,
-                                       u64 tstate, int slot)
+                                       u64 tstate, int slot, u64 thread_ptr)
 {
     st->depth = 0;
     st->flags = 0;
@@ -152,9 +206,33 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
         count_drop(DROP_PY_READ);
         return 0;
     }
+    /* A thread state of a subinterpreter (main_interp: 3.12+): its frames
+     * end in a PYF_INTERP mark, then the thread's in the main interpreter,
+     * where it has a state there (thread_ptr: the current thread's; 0 when
+     * walking another thread, which is not looked for). */
     struct frame_win *win = frame_win.lookup(&slot);
     if (!win)
         return 0;
+    /* Kept in the map value, not in registers, as below: the loop's
+     * verifier states stay the same whether or not it met a mark. */
+    win->mark_interp = win->next_chain = 0;
+    if (pi->main_interp) {
+        u64 interp = read_u64(tstate + pi->tstate_interp, &failed);
+        if (!failed && interp && interp != pi->main_interp) {
+            u64 flags = PYF_INTERP;
+            if (pi->interp_ceval_gil >= 0 &&
+                read_u64(interp + pi->interp_ceval_gil, &failed) != pi->main_gil)
+                flags |= PYF_OWN_GIL;
+            u32 id = (u32)read_u64(interp + pi->interp_id, &failed);
+            u64 outer = thread_ptr ? outer_tstate(pi, tstate, thread_ptr) : 0;
+            int bad = 0;
+            u64 next = outer ? first_frame(pi, outer, &bad) : 0;
+            win->mark_interp = interp;
+            win->mark_word = flags << 32 | id;
+            win->next_chain = bad ? 0 : next;
+        }
+        failed = 0;
+    }
     u8 *w = win->b;
     u64 off_code, off_prev, off_instr, off_owner, off_entry, size;
     u64 iframes;                    /* all ones for 3.11+, 0 for <= 3.10 */
@@ -189,8 +267,23 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
 #endif
     u32 i;
     for (i = 0; i < MAX_PY_DEPTH; i++) {
-        if (!f)
-            break;
+        if (!f) {
+            /* the end of a subinterpreter's frames: its mark, then the
+             * outer thread state's frames (if any) */
+            u64 mi = win->mark_interp;
+            if (!mi)
+                break;
+            u64 word = win->mark_word;
+            struct py_frame *mark = &st->frames[i & PY_MASK];
+            mark->code = mi;
+            mark->offset = (int)(u32)word;
+            mark->flags = (u32)(word >> 32);
+            h = mix(h, mi);
+            h = mix(h, word);
+            win->mark_interp = 0;
+            f = win->next_chain;
+            continue;
+        }
         if (!in_copy(win->lo, win->len, f, size)) {
             win->lo = f & win->below;
             u64 n = f + size - win->lo;

@@ -169,7 +169,9 @@ class ThreadAccounts:
             return None
         infos = st.infos or [self.rec.code.get((st.tgid, c)) for c, _, _ in st.frames]
         entry = None
-        for info in reversed(infos):
+        for (_, _, flags), info in zip(reversed(st.frames), reversed(infos)):
+            if flags & bpfdefs.PYF_INTERP:
+                continue                # a subinterpreter's mark: not a frame
             if info is None:
                 break
             # threading's own frames, and 3.12+'s entry shim (`<interpreter

@@ -290,6 +290,17 @@ class CrashCapture:
         """Walk this process's Python frames at its crash (pp: its
         detect.PythonProcess), as the profiler registers a target."""
         from ..targets.procinfo import fill_proc_info
+        from ..cpython.process import interpreter_layout
+        from ..kernel.memory import ProcessMemory
+        if pp.interps is None and pp.minor >= (3, 12):
+            try:                        # its subinterpreters' frames marked, as the profiler's
+                mem = ProcessMemory(pid)
+                try:
+                    pp.interps, _ = interpreter_layout(pp, mem)
+                finally:
+                    mem.close()
+            except Exception:                           # noqa: BLE001 - not marked, frames still walked
+                pp.interps = None
         lay = code_layout(pp)
         procs, layouts = self.bpf["procs"], self.bpf["layouts"]
         info = procs.Leaf()
@@ -393,7 +404,7 @@ class CrashCapture:
         kernel = list(m.kstack[:max(m.kstack_len, 0) // 8])
         python = _frames(p.py) if p.py is not None else None
         others = [CapturedThread(tid=o.thread, regs={}, stack=b"", kernel=[], python=_frames(o))
-                  for o in p.others]
+                  for o in p.others if o.thread != m.h.tid]   # (its state in the main interpreter)
         flags = (p.end.flags if p.end is not None else 0) | m.flags
         thread = CapturedThread(tid=m.h.tid, regs=regs, stack=p.stack, kernel=kernel, python=python)
         self._done.append(CrashEvent(

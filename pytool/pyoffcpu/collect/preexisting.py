@@ -18,7 +18,7 @@ from ..kernel import bpfdefs
 from ..kernel.bpfsys import update_elem
 from ..kernel.bpfdefs import PYS_TRUNCATED
 from .maps import items
-from .recording import NATIVE_ID_BASE, NO_STACK, PyStack
+from .recording import NATIVE_ID_BASE, NO_STACK, PyStack, code_infos
 from ..cpython import walker
 from ..kernel import syscalls
 
@@ -147,7 +147,7 @@ class BlockedThreads:
         objects; its hash (bit 62 set, as every one read in user space; the
         image's epoch in it, as BPF mixes it into its own)."""
         pyhash = (hash((tgt.pid, tid, tgt.epoch, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
-        infos = [tgt.reader.code(code) for code, _, _ in frames]
+        infos = code_infos(tgt.reader, frames)
         self.s.rec.pystacks[pyhash] = PyStack(tgt.pid, PYS_TRUNCATED if truncated else 0, frames,
                                             infos, tgt.python)
         return pyhash

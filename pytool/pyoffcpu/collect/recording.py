@@ -97,6 +97,13 @@ class PyStack:
     task_frame: int = 0
 
 
+def code_infos(reader, frames) -> List[Optional[CodeInfo]]:
+    """The code objects of a Python stack's frames, read by `reader` (a
+    CodeReader); None for a subinterpreter's mark (PYF_INTERP), which is
+    an interpreter, not code."""
+    return [None if flags & bpfdefs.PYF_INTERP else reader.code(code) for code, _, flags in frames]
+
+
 @dataclass
 class ThreadTimes:
     """One thread's exact times inside the recording (ns; first/last from the

@@ -38,7 +38,8 @@ from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VAL
 from .platform import Platform
 from .preexisting import BlockedThreads
 from .sessionsetup import SessionSetup
-from .recording import LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Recording, accumulate
+from .recording import (LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Recording, accumulate,
+                        code_infos)
 from ..native import symbols
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Targets
@@ -123,7 +124,7 @@ class Session(SessionSetup):
             tgt = self.targets.get(raw.tgid)
         infos = python = None
         if tgt is not None and tgt.reader is not None and raw.epoch == tgt.epoch:
-            infos = [tgt.reader.code(code) for code, _, _ in frames]
+            infos = code_infos(tgt.reader, frames)
             python = tgt.python
         self.rec.pystacks[raw.hash] = PyStack(raw.tgid, raw.flags, frames, infos, python,
                                               raw.task_frame)

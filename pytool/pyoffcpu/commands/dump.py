@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..kernel.procfs import blocked_syscall, children_by_parent, comm, proc_state, read_text, stat_fields
 
@@ -53,6 +53,9 @@ class ThreadDump:
     holds_gil: Optional[bool] = None
     lock: Optional[dict] = None         # waiting on a futex: {"address", "owner", "why"}
     comm: str = ""                      # the OS's name (/proc/.../comm)
+    # the ids of the interpreters it has frames in, innermost first, when one
+    # is a subinterpreter ([]: the main interpreter's only)
+    interpreters: List[int] = field(default_factory=list)
     # --locals: per Python frame, innermost first: {"frame", "source", "locals":
     # [{"name", "argument", "repr", "value"}]}
     locals: Optional[List[dict]] = None
@@ -65,6 +68,8 @@ class ProcessDump:
     python: str = ""                    # "3.12.1" ("" not Python)
     gil_holder: Optional[int] = None    # tid
     gil: str = ""                       # what is known of the GIL
+    # the subinterpreters with a GIL of their own: id -> what is known of it
+    interpreter_gils: Dict[int, str] = field(default_factory=dict)
     threads: List[ThreadDump] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     fatal: Optional[dict] = None        # a dead process: the signal that ended it (postmortem.Fatal)
@@ -183,21 +188,25 @@ def dump_process(pid: int, native: bool = False, with_locals: bool = False) -> P
     try:
         m = _moment(pid, pp, mem, native, tids, clocks)
         if pp is not None:
+            from ..cpython.process import interpreter_layout
             try:
-                m.states = walker.thread_states(mem, pp)
+                pp.interps, _ = interpreter_layout(pp, mem)
+                m.interp_states = walker.interp_thread_states(mem, pp)
             except MemoryError_ as e:
                 out.notes.append(f"its thread states cannot be read: {e}")
-            for tid, ts in m.states.items():
+            m.states = {tid: states[0][1] for tid, states in m.interp_states.items()}
+            for tid, states in m.interp_states.items():
                 addresses: List[int] = []
                 try:
-                    m.stacks[tid] = walker.walk_frames(mem, pp, ts, addresses)
+                    m.stacks[tid] = walker.walk_thread(mem, pp, states, addresses)
                     m.frame_addresses[tid] = addresses
                 except MemoryError_:
                     pass
             m.names = thread_names(pp, mem)
             m.with_locals = with_locals
-            m.gil_addr = _gil(out, mem, pp, m.states)
+            m.gil_addr = _gil(out, mem, pp, m.interp_states)
             m.holder = out.gil_holder
+            m.holders = _interpreter_gils(out, mem, pp, m.interp_states)
         out.threads = [_thread(m, tid) for tid in tids]
     finally:
         mem.close()
@@ -205,8 +214,9 @@ def dump_process(pid: int, native: bool = False, with_locals: bool = False) -> P
     return out
 
 
-def _gil(out: ProcessDump, mem, pp, states: Dict[int, int]) -> int:
-    """Who holds the GIL into out; the GIL's address (0: none)."""
+def _gil(out: ProcessDump, mem, pp, states: Dict[int, List[Tuple[int, int]]]) -> int:
+    """Who holds the (main interpreter's) GIL into out; the GIL's address (0:
+    none).  states: walker.interp_thread_states'."""
     from ..cpython import detect
     lay, why = detect.gil_layout(pp, mem)
     if lay is None:
@@ -220,7 +230,7 @@ def _gil(out: ProcessDump, mem, pp, states: Dict[int, int]) -> int:
         out.gil = "its GIL cannot be read"
         return 0
     gil, last, locked = got
-    by_ts = {ts: tid for tid, ts in states.items()}
+    by_ts = {ts: tid for tid, sts in states.items() for _, ts in sts}
     if not locked:
         out.gil = "nobody holds the GIL"
     elif last in by_ts:
@@ -229,6 +239,45 @@ def _gil(out: ProcessDump, mem, pp, states: Dict[int, int]) -> int:
     else:
         out.gil = "held by a thread state that is not in the thread list"
     return gil
+
+
+def _interpreter_gils(out: ProcessDump, mem, pp, states: Dict[int, List[Tuple[int, int]]]) -> List[int]:
+    """Who holds the GIL of each subinterpreter that has its own, into
+    out.interpreter_gils; the tids that hold one."""
+    lay, gil_off = pp.interps, pp.offsets.get("interp_ceval_gil", -1)
+    holder_off = pp.offsets.get("gil_last_holder", -1)
+    if lay is None or not lay.main_gil or gil_off < 0 or holder_off < 0:
+        return []
+    by_ts = {ts: tid for tid, sts in states.items() for _, ts in sts}
+    holders = []
+    for interp in sorted({i for sts in states.values() for i, _ in sts} - {lay.main}):
+        try:
+            gil = mem.u64(interp + gil_off)
+            if not gil or gil == lay.main_gil:
+                continue
+            interp_id = mem.i32(interp + lay.id_offset)
+            last, locked = struct.unpack("<QI", mem.read(gil + holder_off, 12))
+        except Exception:                               # noqa: BLE001 - unreadable: not said
+            continue
+        if not locked:
+            out.interpreter_gils[interp_id] = "nobody holds it"
+        elif last in by_ts:
+            holders.append(by_ts[last])
+            out.interpreter_gils[interp_id] = f"held by thread {by_ts[last]}"
+        else:
+            out.interpreter_gils[interp_id] = "held by a thread state that is not in the thread list"
+    return holders
+
+
+def interpreter_ids(frames) -> List[int]:
+    """The interpreters a thread's frames (walker.walk_thread's) ran in,
+    innermost first, when one is a subinterpreter; [] otherwise."""
+    from ..kernel.bpfdefs import PYF_INTERP
+    marks = [i for i, (_code, _offset, flags) in enumerate(frames) if flags & PYF_INTERP]
+    ids = [frames[i][1] for i in marks]
+    # frames after the last mark: its state in the main interpreter (a
+    # thread started in a subinterpreter has none)
+    return ids + [0] if marks and marks[-1] < len(frames) - 1 else ids
 
 
 @dataclass
@@ -244,8 +293,11 @@ class _Moment:
     reader: object = None               # CodeReader (None: not Python)
     unwinder: object = None             # NativeUnwinder with user-space tables (--native)
     stacks: Dict[int, tuple] = field(default_factory=dict)     # tid -> (Python frames, truncated)
-    states: Dict[int, int] = field(default_factory=dict)       # tid -> PyThreadState
+    states: Dict[int, int] = field(default_factory=dict)       # tid -> its innermost PyThreadState
+    # tid -> its (interpreter, PyThreadState) in each interpreter, innermost first
+    interp_states: Dict[int, List[Tuple[int, int]]] = field(default_factory=dict)
     holder: Optional[int] = None
+    holders: List[int] = field(default_factory=list)           # of subinterpreters' own GILs
     gil_addr: int = 0
     unwinder_error: str = ""            # why there are no native frames (native asked for)
     names: Dict[int, str] = field(default_factory=dict)        # tid -> Python's name for it
@@ -296,11 +348,11 @@ def frame_labels(m: _Moment, tid: int, python: Optional[tuple], native: Optional
     frames ((frames, truncated) or None) interleaved with its native ones
     ((pcs, NST_* flags) or None)."""
     from ..kernel.bpfdefs import PYS_TRUNCATED
-    from ..collect.recording import NATIVE_ID_BASE, PyStack
+    from ..collect.recording import NATIVE_ID_BASE, PyStack, code_infos
     h = 0
     if python and m.reader is not None:     # frames BPF walked, with no interpreter to name them: left out
         frames, truncated = python
-        infos = [m.reader.code(c) for c, _, _ in frames]
+        infos = code_infos(m.reader, frames)
         h = len(m.rec.pystacks) + 1
         m.rec.pystacks[h] = PyStack(m.pid, PYS_TRUNCATED if truncated else 0, frames, infos)
     us = -1
@@ -333,7 +385,9 @@ def _thread(m: _Moment, tid: int) -> ThreadDump:
             t.lock = futex_owner(m.mem, pid, sc.args[0], m.tids, m.gil_addr, m.holder)
     t.python = tid in m.states
     if m.holder is not None or m.states:
-        t.holds_gil = tid == m.holder if t.python else None
+        t.holds_gil = (tid == m.holder or tid in m.holders) if t.python else None
+    if tid in m.stacks:
+        t.interpreters = interpreter_ids(m.stacks[tid][0])
     native = m.unwinder.walk_blocked(pid, tid) if m.unwinder is not None else None
     t.frames = frame_labels(m, tid, m.stacks.get(tid), native)
     if m.with_locals and tid in m.stacks:
@@ -368,6 +422,8 @@ def render_text(d: ProcessDump) -> str:
     head += f", {len(d.threads)} thread" + ("s" if len(d.threads) != 1 else "")
     if d.gil:
         head += f"; the GIL: {d.gil}"
+    for interp_id, what in sorted(d.interpreter_gils.items()):
+        head += f"; interpreter {interp_id}'s own GIL: {what}"
     lines = [head]
     if d.fatal:
         f = d.fatal
@@ -383,6 +439,8 @@ def render_text(d: ProcessDump) -> str:
             bits.append(f"for {t.idle_s:.1f} s" if t.idle_s >= 0.05 else "just now")
         if t.syscall:
             bits.append(f"in {t.syscall}")
+        if t.interpreters:
+            bits.append("in interpreters " + " < ".join(str(i) for i in t.interpreters))
         if t.holds_gil:
             bits.append("HOLDS THE GIL")
         if t.lock is not None:

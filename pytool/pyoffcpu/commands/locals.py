@@ -36,6 +36,8 @@ def frame_locals(m, tid: int) -> List[dict]:
     sources = _Sources(m.pid)
     out = []
     for (code, offset, flags), addr in zip(frames, addresses):
+        if not addr:
+            continue                    # a subinterpreter's mark (walker.walk_thread)
         info = m.reader.code(code)
         if info is None:
             continue

@@ -124,12 +124,14 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
     m = D._moment(space, pp, mem, native, tids, None, maps=maps)
     if m.unwinder_error:
         out.notes.append(f"no native frames ({m.unwinder_error})")
-    states: Dict[int, int] = {}
+    states: Dict[int, list] = {}        # tid -> walker.interp_thread_states'
     if pp is not None:
         out.python = pp.version_str
         if any(t.python is None for t in threads):
+            from ..cpython.process import interpreter_layout
             try:
-                states = walker.thread_states(mem, pp)
+                pp.interps, _ = interpreter_layout(pp, mem)
+                states = walker.interp_thread_states(mem, pp)
             except MemoryError_ as e:
                 out.notes.append(f"its thread states cannot be read: {e}")
     gil_addr = D._gil(out, mem, pp, states) if pp is not None and states else 0
@@ -152,7 +154,7 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
         if frames is None and t.tid in states:
             addresses: List[int] = []
             try:
-                frames = walker.walk_frames(mem, pp, states[t.tid], addresses)
+                frames = walker.walk_thread(mem, pp, states[t.tid], addresses)
             except MemoryError_:
                 frames = None
             if frames is not None and with_locals:
@@ -160,6 +162,7 @@ def build(pid: int, comm: str, maps, mem, threads: List[DeadThread], fatal: Opti
                 m.stacks[t.tid], m.frame_addresses[t.tid] = frames, addresses
                 d.locals = frame_locals(m, t.tid)
         d.python = frames is not None or t.tid in states
+        d.interpreters = D.interpreter_ids(frames[0]) if frames else []
         if out.gil_holder is not None or states:
             d.holds_gil = t.tid == out.gil_holder if d.python else None
         native_pcs = None

@@ -472,7 +472,9 @@ def read_gil(pp: PythonProcess, lay: GilLayout, mem) -> Optional[Tuple[int, int,
     MemoryError_ when it cannot be read."""
     gil = lay.addr
     if not gil:
-        interp = mem.u64(pp.runtime + pp.offsets["runtime_interpreters_head"])
+        # the main interpreter: the list's last (its head is the newest)
+        interp = pp.interps.main if pp.interps is not None else \
+            mem.u64(pp.runtime + pp.offsets["runtime_interpreters_head"])
         gil = mem.u64(interp + lay.interp_ceval_gil) if interp else 0
         if not gil:
             return None

@@ -4,6 +4,7 @@ threads find their PyThreadState), and the walk of its interpreters' thread
 lists that the frame walker, the live check and the thread names share."""
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -19,6 +20,17 @@ class GilLayout:
     addr: int                   # <= 3.11; 0 for 3.12+
     interp_ceval_gil: int       # 3.12+: offsetof(PyInterpreterState, ceval.gil); -1
     holder: int
+
+
+@dataclass(frozen=True)
+class InterpLayout:
+    """Subinterpreters (3.12+): the main PyInterpreterState, its GIL (0: none
+    read, a free-threaded build) and where an interpreter keeps its id.  BPF
+    marks the frames of any other interpreter's thread state, and follows the
+    thread into its state in the main interpreter (bpf/pywalk.c)."""
+    main: int
+    main_gil: int
+    id_offset: int              # offsetof(PyInterpreterState, id): right after `next`
 
 
 @dataclass
@@ -41,6 +53,7 @@ class PythonProcess:
     thread_layout: libc.ThreadLayout = libc.GLIBC_236   # its libc's struct pthread
     gil: Optional[GilLayout] = None         # where BPF reads its GIL (None: it does not)
     gil_checked: bool = False               # gil_layout() ran on the live process
+    interps: Optional[InterpLayout] = None  # 3.12+: subinterpreters marked (None: not)
 
     @property
     def minor(self) -> Tuple[int, int]:
@@ -79,3 +92,43 @@ def iter_thread_states(pp: PythonProcess, mem, max_states: int,
             yield interp, ts
             ts = mem.u64(ts + o["tstate_next"])
         interp = mem.u64(interp + o["interp_next"])
+
+
+MAX_INTERPRETERS = 1024         # walked to find the main one (the list's last)
+
+
+def interpreter_layout(pp: PythonProcess, mem) -> Tuple[Optional[InterpLayout], str]:
+    """The main interpreter of a 3.12+ process, checked on the live process:
+    it is the last of the interpreter list and its id is 0, every other id is
+    positive and distinct, and its thread states name it.  (None, why) when
+    there is nothing to mark (before 3.12) or the layout does not hold.
+    Reads that fail raise MemoryError_."""
+    o = pp.offsets
+    need = ("runtime_interpreters_head", "interp_next", "interp_threads_head",
+            "tstate_next", "tstate_interp", "tstate_thread_id")
+    if pp.minor < (3, 12):
+        return None, ""
+    if any(o.get(k, -1) < 0 for k in need):
+        return None, "no interpreter-list layout for CPython %d.%d" % pp.minor
+    id_offset = o["interp_next"] + 8        # int64_t id follows `next` in 3.12-3.15
+    interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
+    seen: List[int] = []
+    ids_at: set = set()
+    ids = set()
+    while interp and len(seen) < MAX_INTERPRETERS and interp not in ids_at:
+        seen.append(interp)
+        ids_at.add(interp)
+        ids.add(struct.unpack("<q", mem.read(interp + id_offset, 8))[0])
+        interp = mem.u64(interp + o["interp_next"])
+    if not seen:
+        return None, ""                     # not initialised yet
+    main = seen[-1]
+    main_id = struct.unpack("<q", mem.read(main + id_offset, 8))[0]
+    if interp or main_id != 0 or len(ids) != len(seen) or min(ids) < 0:
+        return None, "its interpreter list does not hold (ids %s)" % sorted(ids)[:8]
+    ts = mem.u64(main + o["interp_threads_head"])
+    if ts and mem.u64(ts + o["tstate_interp"]) != main:
+        return None, "the main interpreter's thread states do not name it"
+    gil_off = o.get("interp_ceval_gil", -1)
+    main_gil = mem.u64(main + gil_off) if gil_off >= 0 and not pp.free_threaded else 0
+    return InterpLayout(main, main_gil, id_offset), ""

@@ -51,7 +51,10 @@ def python_thread_names(pp, mem) -> Dict[int, str]:
     except MemoryError_:
         return {}
     names: Dict[int, str] = {}
-    for interp in interps:
+    # the main interpreter (the list's last) first: a thread that calls into a
+    # subinterpreter whose threading module it was never started by is a
+    # _DummyThread there ("Dummy-1"), and its name is the one it was given
+    for interp in reversed(interps):
         try:
             active = reader.module_global(interp, "threading", "_active")
             entries = reader.dict_items(active, MAX_ACTIVE)[0] if active else []

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from ..kernel.bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
-from ..kernel.bpfdefs import PYF_ENTRY
+from ..kernel.bpfdefs import PYF_ENTRY, PYF_INTERP, PYF_OWN_GIL
 from ..kernel.memory import MemoryError_, ProcessMemory
 from .process import PythonProcess, iter_thread_states
 
@@ -68,14 +68,57 @@ def thread_id(mem: ProcessMemory, pp: PythonProcess, ts: int) -> int:
     return mem.i32(pthread + pp.thread_layout.tid) if pthread else 0
 
 
-def thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, int]:
-    """OS thread id -> PyThreadState address, for every thread of every interpreter."""
-    out: Dict[int, int] = {}
-    for _, ts in iter_thread_states(pp, mem, MAX_THREADS, MAX_INTERPRETERS):
+def interp_thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, List[Tuple[int, int]]]:
+    """OS thread id -> its (interpreter, PyThreadState) in every interpreter
+    it has one in, innermost first: a thread that runs code in a
+    subinterpreter has a state there and one in the interpreter it called
+    from, and the list of interpreters is newest first, the main one last."""
+    out: Dict[int, List[Tuple[int, int]]] = {}
+    for interp, ts in iter_thread_states(pp, mem, MAX_THREADS, MAX_INTERPRETERS):
         tid = thread_id(mem, pp, ts)
         if tid > 0:
-            out[tid] = ts
+            out.setdefault(tid, []).append((interp, ts))
     return out
+
+
+def thread_states(mem: ProcessMemory, pp: PythonProcess) -> Dict[int, int]:
+    """OS thread id -> its innermost PyThreadState (interp_thread_states)."""
+    return {tid: states[0][1] for tid, states in interp_thread_states(mem, pp).items()}
+
+
+def walk_thread(mem: ProcessMemory, pp: PythonProcess, states: List[Tuple[int, int]],
+                addresses: Optional[List[int]] = None) -> Tuple[Frames, bool]:
+    """(frames innermost first, truncated) of one thread across the
+    interpreters it is in (states: interp_thread_states'), as BPF walks
+    them: each subinterpreter's frames end in its mark, (interpreter,
+    its id, PYF_INTERP | PYF_OWN_GIL when its GIL is not the main one's).
+    A subinterpreter state with no frames (one left behind) is passed
+    over; so are all but the innermost before 3.12 or where pp.interps
+    was not found.  `addresses` gets 0 for a mark."""
+    lay = pp.interps
+    if lay is None:
+        states = states[:1]
+    out: Frames = []
+    for interp, ts in states:
+        got: List[int] = []
+        frames, truncated = walk_frames(mem, pp, ts, got)
+        inner = lay is not None and interp != lay.main
+        if inner and not frames:
+            continue
+        out.extend(frames)
+        if addresses is not None:
+            addresses.extend(got)
+        if truncated or len(out) >= MAX_DEPTH:
+            return out, True
+        if inner:
+            flags = PYF_INTERP
+            gil_off = pp.offsets.get("interp_ceval_gil", -1)
+            if lay.main_gil and gil_off >= 0 and mem.u64(interp + gil_off) != lay.main_gil:
+                flags |= PYF_OWN_GIL
+            out.append((interp, mem.i32(interp + lay.id_offset), flags))
+            if addresses is not None:
+                addresses.append(0)
+    return out, False
 
 
 def all_thread_stacks(pp: PythonProcess, pid: Optional[int] = None) -> Dict[int, Tuple[Frames, bool]]:
@@ -85,9 +128,9 @@ def all_thread_stacks(pp: PythonProcess, pid: Optional[int] = None) -> Dict[int,
     out = {}
     mem = ProcessMemory(pp.pid if pid is None else pid)
     try:
-        for tid, ts in thread_states(mem, pp).items():
+        for tid, states in interp_thread_states(mem, pp).items():
             try:
-                out[tid] = walk_frames(mem, pp, ts)
+                out[tid] = walk_thread(mem, pp, states)
             except MemoryError_:
                 continue
     except MemoryError_:

@@ -52,6 +52,7 @@ def with_prefix(prefix: str) -> Dict[str, int]:
 # Python stacks (bpf/pyoffcpu.h)
 MAX_PY_DEPTH = value("MAX_PY_DEPTH")
 PYF_ENTRY = value("PYF_ENTRY")
+PYF_INTERP, PYF_OWN_GIL = value("PYF_INTERP"), value("PYF_OWN_GIL")   # a subinterpreter's mark
 PYS_TRUNCATED = value("PYS_TRUNCATED")
 PYS_READ_FAILED = value("PYS_READ_FAILED")
 WALK_NONE = value("WALK_NONE")

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import model as P
 from ..kernel import bpfdefs
-from ..kernel.bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYS_TRUNCATED, WAKER_KINDS
+from ..kernel.bpfdefs import NST_TRUNCATED, PYF_ENTRY, PYF_INTERP, PYF_OWN_GIL, PYS_TRUNCATED, WAKER_KINDS
 from . import reasons, waits
 from ..collect.recording import NO_STACK, SHORT_WAITS, UNSAMPLED, Recording
 from ..failures import failure_text
@@ -169,9 +169,23 @@ class Merger:
         # 3.15+: every thread's chain ends in tstate->base_frame, a shim that
         # stands for no eval call: the outermost frame of a whole stack
         base = len(st.frames) - 1 if minor >= (3, 15) and not st.flags & PYS_TRUNCATED else -1
+        mark = None                     # a subinterpreter's, for the next group
         for i, (code, offset, flags) in enumerate(st.frames):
-            if i == base and (flags & 0xff) >= OWNER_SHIM:
+            if flags & PYF_INTERP:
+                # The end of a subinterpreter's frames (bpf/pywalk.c): its mark
+                # goes outside its outermost frame, the frames after it are the
+                # same thread's in the main interpreter.
+                mark = P.interpreter_marker(offset)
+                if group:
+                    group.append(mark)
+                    mark = None
+                elif groups:
+                    groups[-1].append(mark)
+                    mark = None
                 continue
+            if (i == base or (minor >= (3, 15) and i + 1 < len(st.frames)
+                              and st.frames[i + 1][2] & PYF_INTERP)) and (flags & 0xff) >= OWNER_SHIM:
+                continue                # 3.15's base frame: a subinterpreter's too
             if minor >= (3, 12) and (flags & 0xff) >= OWNER_SHIM:
                 # The C-stack shim (3.12/3.13 FRAME_OWNED_BY_CSTACK, 3.14
                 # FRAME_OWNED_BY_INTERPRETER and above) is the `previous` of the
@@ -192,6 +206,9 @@ class Merger:
                 torn = True
                 break
             frame = self.python_frame(info, minor, offset, flags)
+            if mark is not None:
+                group.append(mark)      # a subinterpreter with no frames of its own
+                mark = None
             if frame is not None:
                 group.append(frame)
             if flags & PYF_ENTRY:
@@ -204,6 +221,16 @@ class Merger:
         result = (groups, bool(groups) and (torn or bool(st.flags & PYS_TRUNCATED)))
         self._py_cache[pyhash] = result
         return result
+
+    def gil_of(self, pyhash: int) -> int:
+        """The interpreter whose GIL a Python stack's thread held or waited
+        for: its innermost subinterpreter with a GIL of its own, else 0 (the
+        main interpreter's GIL, which the others share)."""
+        st = self.rec.pystacks.get(pyhash) if pyhash else None
+        for _code, offset, flags in st.frames if st is not None else ():
+            if flags & PYF_INTERP:
+                return offset if flags & PYF_OWN_GIL else 0
+        return 0
 
     def innermost_python(self, pyhash: int) -> str:
         """The label of a Python stack's innermost frame ("": none)."""
@@ -455,9 +482,11 @@ def _python_leaf(frames) -> bool:
     return False
 
 
-def _add_gil(prof: P.Profile, tid: int, gil: int, reason: Optional[str], ns: int) -> None:
+def _add_gil(prof: P.Profile, tid: int, gil: int, reason: Optional[str], ns: int,
+             gil_id: int = 0) -> None:
     """One stack's time into its thread's GIL times (build_profile drops
-    those of threads whose GIL state was never read)."""
+    those of threads whose GIL state was never read); gil_id: the
+    interpreter whose GIL it is (Merger.gil_of)."""
     g = prof.gil.get(tid)
     if g is None:
         g = prof.gil[tid] = P.GilTimes()
@@ -465,6 +494,7 @@ def _add_gil(prof: P.Profile, tid: int, gil: int, reason: Optional[str], ns: int
     if reason is None:
         if gil == bpfdefs.GIL_HELD:
             g.held_on_ns += ns
+            g.held_by_gil[gil_id] = g.held_by_gil.get(gil_id, 0) + ns
         elif gil == bpfdefs.GIL_FREE:
             g.released_ns += ns
         else:
@@ -472,6 +502,7 @@ def _add_gil(prof: P.Profile, tid: int, gil: int, reason: Optional[str], ns: int
     else:
         if gil == bpfdefs.GIL_HELD:
             g.held_off_ns += ns
+            g.held_by_gil[gil_id] = g.held_by_gil.get(gil_id, 0) + ns
         if reason == "gil":
             g.waiting_ns += ns
 
@@ -597,7 +628,7 @@ def build_profile(rec: Recording, symbolizer, kernel_symbols=None, view: str = "
                 frames = tuple(frames) + (P.GIL_NOT_HELD,)
         else:
             off_ns[tid] = off_ns.get(tid, 0) + ns
-        _add_gil(prof, tid, gil, reason, ns)
+        _add_gil(prof, tid, gil, reason, ns, merger.gil_of(ph))
         if in_gc:
             prof.gil[tid].gc_ns += ns
         for waker, wcount, wns in wakers_of.get(skey, ()):     # waits only

@@ -128,6 +128,12 @@ def is_task_wait(reason: Optional[str]) -> bool:
 TASK_PREFIXES = ("task ", "tasks in ")
 
 
+def interpreter_marker(interp_id: int) -> Frame:
+    """`[interpreter 2]`: the frames above it ran in that subinterpreter, the
+    ones below it (the same thread's) in the main interpreter."""
+    return Frame(FrameKind.MARKER, f"[interpreter {interp_id}]")
+
+
 def task_marker(label: str) -> Frame:
     """--async: `task NAME` / `tasks in CORO`, the first frame under the
     thread root of a task's stacks."""
@@ -207,6 +213,9 @@ class GilTimes:
     unknown_on_ns: int = 0
     gc_ns: int = 0                  # holding it, in the cyclic collector (on- and off-CPU)
     read: bool = False              # the state was read at least once
+    # held_ns by GIL: the interpreter that owns it (0: the main interpreter's,
+    # which subinterpreters without a GIL of their own share)
+    held_by_gil: Dict[int, int] = field(default_factory=dict)
 
     @property
     def held_ns(self) -> int:
@@ -216,7 +225,8 @@ class GilTimes:
         return {"held_ns": self.held_ns, "held_on_cpu_ns": self.held_on_ns,
                 "held_off_cpu_ns": self.held_off_ns, "waiting_ns": self.waiting_ns,
                 "on_cpu_without_ns": self.released_ns, "on_cpu_unknown_ns": self.unknown_on_ns,
-                "in_gc_ns": self.gc_ns}
+                "in_gc_ns": self.gc_ns,
+                "held_by_interpreter_gil_ns": {str(i): ns for i, ns in sorted(self.held_by_gil.items())}}
 
 
 @dataclass

@@ -62,14 +62,24 @@ def gil_lines(prof: Profile, n: int = 20) -> List[str]:
                    f"waited {fmt_s(g.waiting_ns):>8}, without {fmt_s(g.released_ns):>8}{unknown}")
     if len(rows) > n:
         out.append(f"  ... and {len(rows) - n} more threads")
-    held: Dict[int, int] = {}
+    # per process and GIL: a subinterpreter with a GIL of its own has its line
+    held: Dict[int, Dict[int, int]] = {}
     for tid, g in prof.gil.items():
-        pid = prof.thread_pid.get(tid, 0)
-        held[pid] = held.get(pid, 0) + g.held_ns
+        by_gil = held.setdefault(prof.thread_pid.get(tid, 0), {})
+        for gil_id, ns in g.held_by_gil.items():
+            by_gil[gil_id] = by_gil.get(gil_id, 0) + ns
     dur = prof.meta.duration_ns
-    for pid, ns in sorted(held.items(), key=lambda kv: -kv[1])[:n] if dur else ():
-        out.append(f"  process {pid}: its GIL held {fmt_s(ns)} of the {fmt_s(dur)} recorded "
-                   f"({100 * ns / dur:.0f}%)")
+    for pid, by_gil in sorted(held.items(), key=lambda kv: -sum(kv[1].values()))[:n] if dur else ():
+        if set(by_gil) <= {0}:
+            ns = by_gil.get(0, 0)
+            out.append(f"  process {pid}: its GIL held {fmt_s(ns)} of the {fmt_s(dur)} recorded "
+                       f"({100 * ns / dur:.0f}%)")
+            continue
+        by_gil.setdefault(0, 0)         # the main interpreter's, held or not
+        for gil_id, ns in sorted(by_gil.items()):
+            whose = "interpreter 0" if gil_id == 0 else f"interpreter {gil_id} (own GIL)"
+            out.append(f"  process {pid}: {whose}: GIL held {fmt_s(ns)} of the {fmt_s(dur)} "
+                       f"recorded ({100 * ns / dur:.0f}%)")
     return out
 
 

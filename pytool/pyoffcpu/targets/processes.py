@@ -36,6 +36,7 @@ from ..kernel import bpfdefs
 from ..native import symbols
 from ..cpython import detect
 from ..cpython.code import CodeReader
+from ..cpython.process import interpreter_layout
 from ..kernel.memory import MemoryError_, ProcessMemory
 from ..kernel.procfs import children_by_parent, cmdline, ns_id, process_alive, read_text, start_ticks
 from .lifelog import LifeLog
@@ -233,10 +234,17 @@ class Targets:
         self._publish()
 
     def _gil_layout(self, tgt: Target) -> Optional[detect.GilLayout]:
-        """Where BPF reads the target's GIL state (None: it does not; said once)."""
+        """Where BPF reads the target's GIL state (None: it does not; said
+        once); first its main interpreter (py.interps), whose GIL is checked."""
         py = tgt.python
         if py.gil_checked or tgt.mem is None:
             return py.gil
+        try:
+            py.interps, why = interpreter_layout(py, tgt.mem)
+        except MemoryError_:
+            py.interps, why = None, "its interpreter list cannot be read"
+        if why:
+            self.rec.notices.append(f"process {tgt.pid}: subinterpreters not marked: {why}")
         py.gil, why = detect.gil_layout(py, tgt.mem)
         py.gil_checked = True
         if why:

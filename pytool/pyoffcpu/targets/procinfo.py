@@ -38,6 +38,7 @@ def fill_proc_info(info, py: Optional[detect.PythonProcess], epoch: int,
     info.gil_addr = 0
     info.tstate_tls = 0
     info.gc_flag = 0
+    info.main_interp = info.main_gil = 0
     if py is None or not py.tstate_found:
         return
     o = py.offsets
@@ -56,3 +57,10 @@ def fill_proc_info(info, py: Optional[detect.PythonProcess], epoch: int,
         info.gil_holder = gil.holder
         info.gil_addr = gil.addr
         info.gc_flag, info.gc_collecting = gc_flag(py)
+    if py.interps is not None:
+        info.main_interp = py.interps.main
+        info.main_gil = py.interps.main_gil
+        info.interp_id = py.interps.id_offset
+        info.tstate_interp = o["tstate_interp"]
+        for name in ("interp_threads_head", "tstate_next", "tstate_thread_id"):
+            setattr(info, name, o[name])
