@@ -244,6 +244,7 @@ def _gil(out: ProcessDump, mem, pp, states: Dict[int, List[Tuple[int, int]]]) ->
 def _interpreter_gils(out: ProcessDump, mem, pp, states: Dict[int, List[Tuple[int, int]]]) -> List[int]:
     """Who holds the GIL of each subinterpreter that has its own, into
     out.interpreter_gils; the tids that hold one."""
+    from ..cpython.detect import read_gil_at
     lay, gil_off = pp.interps, pp.offsets.get("interp_ceval_gil", -1)
     holder_off = pp.offsets.get("gil_last_holder", -1)
     if lay is None or not lay.main_gil or gil_off < 0 or holder_off < 0:
@@ -256,7 +257,7 @@ def _interpreter_gils(out: ProcessDump, mem, pp, states: Dict[int, List[Tuple[in
             if not gil or gil == lay.main_gil:
                 continue
             interp_id = mem.i32(interp + lay.id_offset)
-            last, locked = struct.unpack("<QI", mem.read(gil + holder_off, 12))
+            last, locked = read_gil_at(mem, gil, holder_off)
         except Exception:                               # noqa: BLE001 - unreadable: not said
             continue
         if not locked:

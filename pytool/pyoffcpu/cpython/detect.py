@@ -478,8 +478,13 @@ def read_gil(pp: PythonProcess, lay: GilLayout, mem) -> Optional[Tuple[int, int,
         gil = mem.u64(interp + lay.interp_ceval_gil) if interp else 0
         if not gil:
             return None
-    last, locked = struct.unpack("<QI", mem.read(gil + lay.holder, 12))
-    return gil, last, locked
+    return (gil,) + read_gil_at(mem, gil, lay.holder)
+
+
+def read_gil_at(mem, gil: int, holder: int) -> Tuple[int, int]:
+    """(last_holder, locked) of the GIL (struct _gil_runtime_state) at gil;
+    holder: last_holder's offset, locked 8 bytes after.  Raises MemoryError_."""
+    return struct.unpack("<QI", mem.read(gil + holder, 12))
 
 
 def walker_kind(minor: Tuple[int, int]) -> int:

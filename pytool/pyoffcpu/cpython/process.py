@@ -94,7 +94,9 @@ def iter_thread_states(pp: PythonProcess, mem, max_states: int,
         interp = mem.u64(interp + o["interp_next"])
 
 
-MAX_INTERPRETERS = 1024         # walked to find the main one (the list's last)
+# Interpreters walked at most, here and by every walk of their thread lists
+# (walker.py): a longer list is not marked, as its main one would not be met.
+MAX_INTERPRETERS = 256
 
 
 def interpreter_layout(pp: PythonProcess, mem) -> Tuple[Optional[InterpLayout], str]:
@@ -112,19 +114,17 @@ def interpreter_layout(pp: PythonProcess, mem) -> Tuple[Optional[InterpLayout], 
         return None, "no interpreter-list layout for CPython %d.%d" % pp.minor
     id_offset = o["interp_next"] + 8        # int64_t id follows `next` in 3.12-3.15
     interp = mem.u64(pp.runtime + o["runtime_interpreters_head"])
-    seen: List[int] = []
-    ids_at: set = set()
-    ids = set()
-    while interp and len(seen) < MAX_INTERPRETERS and interp not in ids_at:
-        seen.append(interp)
-        ids_at.add(interp)
-        ids.add(struct.unpack("<q", mem.read(interp + id_offset, 8))[0])
+    seen: set = set()
+    ids: List[int] = []                     # in list order: the main one's last
+    main = 0
+    while interp and len(seen) < MAX_INTERPRETERS and interp not in seen:
+        seen.add(interp)
+        main = interp
+        ids.append(struct.unpack("<q", mem.read(interp + id_offset, 8))[0])
         interp = mem.u64(interp + o["interp_next"])
-    if not seen:
+    if not ids:
         return None, ""                     # not initialised yet
-    main = seen[-1]
-    main_id = struct.unpack("<q", mem.read(main + id_offset, 8))[0]
-    if interp or main_id != 0 or len(ids) != len(seen) or min(ids) < 0:
+    if interp or ids[-1] != 0 or len(set(ids)) != len(ids) or min(ids) < 0:
         return None, "its interpreter list does not hold (ids %s)" % sorted(ids)[:8]
     ts = mem.u64(main + o["interp_threads_head"])
     if ts and mem.u64(ts + o["tstate_interp"]) != main:

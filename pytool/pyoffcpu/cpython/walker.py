@@ -12,10 +12,9 @@ from typing import Dict, List, Optional, Tuple
 from ..kernel.bpfdefs import MAX_PY_DEPTH as MAX_DEPTH
 from ..kernel.bpfdefs import PYF_ENTRY, PYF_INTERP, PYF_OWN_GIL
 from ..kernel.memory import MemoryError_, ProcessMemory
-from .process import PythonProcess, iter_thread_states
+from .process import MAX_INTERPRETERS, PythonProcess, iter_thread_states
 
 MAX_THREADS = 4096
-MAX_INTERPRETERS = 256           # sub-interpreters walked at most
 
 Frames = List[Tuple[int, int, int]]
 
