@@ -21,13 +21,13 @@
  * has seen either; each crash carries the process's start and exec count,
  * which user space matches against what it registered.
  *
- * Set by the loader with -D:
+ * Set by the loader at load time (loadconst.h):
  *   TASK_FSBASE_OFF   offsetof(task_struct, thread.fsbase), from BTF
  *   TASK_LEADER_OFF, TASK_START_OFF   offsetof(task_struct, group_leader) and
  *                     (start_boottime), from BTF
  *   EXIT_GROUP_DEAD   sched_process_exit says when a process's last thread exits
  *   PT_REGS_SIZE      sizeof(struct pt_regs), from BTF
- *   NCPUS             possible CPUs (the stack buffer is an array by CPU)
+ * and bigbuf's size, the possible CPUs.
  * Kernel structs are never dereferenced by type (see pyoffcpu.bpf.c).
  */
 #include <uapi/linux/ptrace.h>
@@ -54,8 +54,9 @@ BPF_PERCPU_ARRAY(state, struct crash_state, 1);
 BPF_PERCPU_ARRAY(mainbuf, struct crash_main, 1);
 BPF_PERCPU_ARRAY(pybuf, struct crash_py, 1);
 /* The stack's and the objects' copies: larger than a per-CPU value may be
- * (32 KiB), so a plain array with an entry per CPU. */
-BPF_ARRAY(bigbuf, struct crash_stack, NCPUS);
+ * (32 KiB), so a plain array with an entry per CPU: declared with one,
+ * made with one per possible CPU by the loader (CrashCapture's sizes). */
+BPF_ARRAY(bigbuf, struct crash_stack, 1);
 /* execs per process since the watcher started (LRU: a process that ends
  * takes its entry with it, below; the bound is a guard) */
 BPF_TABLE("lru_hash", u32, u64, execs, 16384);
@@ -239,8 +240,11 @@ int crash_signal(struct bpf_raw_tracepoint_args *ctx)
     u64 regs = bpf_task_pt_regs(bpf_get_current_task_btf());
     u64 sp = 0;
     m->regs_len = 0;
-    if (regs && bpf_probe_read_kernel(m->regs, PT_REGS_SIZE, (void *)regs) == 0) {
-        m->regs_len = PT_REGS_SIZE;
+    u64 regs_size = PT_REGS_SIZE;   /* the loader checks it fits */
+    if (regs_size > CR_REGS_MAX)
+        regs_size = CR_REGS_MAX;
+    if (regs && bpf_probe_read_kernel(m->regs, regs_size, (void *)regs) == 0) {
+        m->regs_len = regs_size;
         sp = *(u64 *)(m->regs + (PT_REGS_SP_OFF & (CR_REGS_MAX - 8)));
         u64 cs = *(u64 *)(m->regs + (PT_REGS_CS_OFF & (CR_REGS_MAX - 8)));
         if ((cs & 3) != 3)

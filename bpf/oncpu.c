@@ -191,28 +191,28 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 #define NEG_ENOSYS (-38)
 static __always_inline u32 current_syscall(void)
 {
-#if defined(SYS_REGS_ORIG_AX_OFF) && defined(SYS_REGS_AX_OFF) && defined(SYS_REGS_CS_OFF)
-#define SYS_REGS_WORDS ((SYS_REGS_CS_OFF - SYS_REGS_AX_OFF) / 8 + 1)
-    _Static_assert(SYS_REGS_AX_OFF < SYS_REGS_ORIG_AX_OFF && SYS_REGS_ORIG_AX_OFF < SYS_REGS_CS_OFF &&
-                   SYS_REGS_WORDS <= 16, "pt_regs: ax, orig_ax and cs within 128 bytes, in that order");
+    /* ax, orig_ax and cs in one read: within 128 bytes, in that order
+     * (the loader checks; the offsets are constants to the verifier) */
+    u64 ax_off = SYS_REGS_AX_OFF;
+    u64 nr_word = (SYS_REGS_ORIG_AX_OFF - ax_off) / 8;
+    u64 cs_word = (SYS_REGS_CS_OFF - ax_off) / 8;
+    if (nr_word > 15 || cs_word > 15)
+        return 0;
     struct task_struct *task = bpf_get_current_task_btf();
     u64 regs = bpf_task_pt_regs(task);
     if (!regs)
         return 0;
-    u64 r[SYS_REGS_WORDS];
-    if (bpf_probe_read_kernel(r, sizeof(r), (void *)(regs + SYS_REGS_AX_OFF)) != 0)
+    u64 r[16];
+    if (bpf_probe_read_kernel(r, (cs_word + 1) * 8, (void *)(regs + ax_off)) != 0)
         return 0;
     s64 ax = (s64)r[0];
-    s64 nr = (s64)r[(SYS_REGS_ORIG_AX_OFF - SYS_REGS_AX_OFF) / 8];
-    u64 cs = r[(SYS_REGS_CS_OFF - SYS_REGS_AX_OFF) / 8];
+    s64 nr = (s64)r[nr_word];
+    u64 cs = r[cs_word];
     if ((cs & 3) != 3)
         return 0;
     if (ax != NEG_ENOSYS || nr < 0 || nr >= SYS_OUTSIDE - 1)
         return SYS_OUTSIDE;
     return (u32)nr + 1;
-#else
-    return 0;
-#endif
 }
 
 static __always_inline u32 off_cpu_kind(u64 preempt, u64 state)

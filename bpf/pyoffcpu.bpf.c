@@ -38,9 +38,6 @@ struct bpf_perf_event_data {
 #include "pyoffcpu.h"
 
 #define PY_MASK (MAX_PY_DEPTH - 1)
-#ifndef TASK_RSEQ_OFF
-#define TASK_RSEQ_OFF -1
-#endif
 #define TASK_DEAD_STATE 0x80        /* TASK_DEAD in prev_state: the thread's last switch */
 
 BPF_ARRAY(control, struct control_t, 1);

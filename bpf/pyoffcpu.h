@@ -4,6 +4,7 @@
  * struct layouts from bcc's ctypes of the maps. */
 #ifndef PYOFFCPU_H
 #define PYOFFCPU_H
+#include "loadconst.h"
 
 #ifndef MAX_PY_DEPTH
 #define MAX_PY_DEPTH 128            /* power of two: index masks below rely on it */

@@ -8,20 +8,15 @@
  * TASK_FSBASE_OFF (-D, from BTF); ASYNC_TASKS and EXIT_GROUP_DEAD (0 when
  * not defined). */
 
-#ifndef EXIT_GROUP_DEAD
-#define EXIT_GROUP_DEAD 0
-#endif
 /* At sched_process_exit, in the exiting thread: does the process end with
  * it?  The tracepoint says so (group_dead) where the kernel passes it
  * (EXIT_GROUP_DEAD, from BTF); elsewhere the group leader's exit stands in. */
 static __always_inline int last_thread_exits(struct bpf_raw_tracepoint_args *ctx)
 {
-#if EXIT_GROUP_DEAD
-    return (u8)ctx->args[1];
-#else
+    if (EXIT_GROUP_DEAD)
+        return (u8)ctx->args[1];
     u64 id = bpf_get_current_pid_tgid();
     return (u32)id == (u32)(id >> 32);
-#endif
 }
 
 #ifndef PY_MASK

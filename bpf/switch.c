@@ -63,14 +63,16 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     /* next's tgid from its task_struct (offsets from BTF), with its pid in
      * the same read where they are side by side, as in every kernel */
     u32 next_tgid = 0, next_tid = 0;
-#if TASK_TGID_OFF == TASK_PID_OFF + 4
-    u32 pt[2] = {};
-    bpf_probe_read_kernel(pt, sizeof(pt), (void *)(ctx->args[2] + TASK_PID_OFF));
-    next_tid = pt[0];
-    next_tgid = pt[1];
-#else
-    bpf_probe_read_kernel(&next_tgid, sizeof(next_tgid), (void *)(ctx->args[2] + TASK_TGID_OFF));
-#endif
+    /* (the offsets are constants to the verifier: one branch is left) */
+    int side_by_side = TASK_TGID_OFF == TASK_PID_OFF + 4;
+    if (side_by_side) {
+        u32 pt[2] = {};
+        bpf_probe_read_kernel(pt, sizeof(pt), (void *)(ctx->args[2] + TASK_PID_OFF));
+        next_tid = pt[0];
+        next_tgid = pt[1];
+    } else {
+        bpf_probe_read_kernel(&next_tgid, sizeof(next_tgid), (void *)(ctx->args[2] + TASK_TGID_OFF));
+    }
     u32 which = switch_targets(ctl, (u32)id, id >> 32, next_tgid);
     if (__builtin_expect(which == 0, 1))
         return 0;
@@ -83,9 +85,8 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 
     /* Switch-in. */
     if (which & SW_NEXT) {
-#if TASK_TGID_OFF != TASK_PID_OFF + 4
-        bpf_probe_read_kernel(&next_tid, sizeof(next_tid), (void *)(next + TASK_PID_OFF));
-#endif
+        if (!side_by_side)
+            bpf_probe_read_kernel(&next_tid, sizeof(next_tid), (void *)(next + TASK_PID_OFF));
         if (next_tid)
             switch_in(ctx, ctl, next_tid, now, next);
     }

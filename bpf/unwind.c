@@ -45,13 +45,6 @@
 #ifndef NATIVE_UNWIND
 #define NATIVE_UNWIND 0
 #endif
-#ifndef PT_REGS_IP_OFF              /* unused with NATIVE_UNWIND=0 */
-#define PT_REGS_IP_OFF 0
-#define PT_REGS_SP_OFF 0
-#define PT_REGS_BP_OFF 0
-#define PT_REGS_BX_OFF 0
-#define PT_REGS_CS_OFF 0
-#endif
 /* Frames per program run.  The verifier's time grows with it (it follows
  * the loop once per frame): 8 took 0.64 s per program here, 4 takes ~0.3 s,
  * the longest part of a warm start; the run time per sample measured the

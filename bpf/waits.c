@@ -254,13 +254,12 @@ static __always_inline void switch_in(void *ctx, struct control_t *ctl, u32 tid,
  * where it knows the offset.) */
 static __always_inline int has_rseq(void)
 {
-#if TASK_RSEQ_OFF >= 0
+    s64 off = TASK_RSEQ_OFF;
+    if (off < 0)
+        return 0;
     u64 area = 0;
-    bpf_probe_read_kernel(&area, sizeof(area), (void *)(bpf_get_current_task() + TASK_RSEQ_OFF));
+    bpf_probe_read_kernel(&area, sizeof(area), (void *)(bpf_get_current_task() + off));
     return area != 0;
-#else
-    return 0;
-#endif
 }
 
 /* tid leaves the CPU (its switch-out; the switch-in of next, done first,

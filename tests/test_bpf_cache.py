@@ -6,6 +6,7 @@ cache maps no LLVM.  The cache is pointed at a temporary directory
 (PYOFFCPU_CACHE_DIR) throughout, and the BPF sources at a copy of bpf/
 (PYOFFCPU_BPF_DIR) taken once: bpf/ is edited while tests run, and an edit
 between two starts is rightly a miss."""
+import base64
 import contextlib
 import ctypes
 import json
@@ -213,13 +214,14 @@ def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sour
     assert start() is False and len(compiles) == 2
     monkeypatch.setattr(setup, "bpf_source", source)
     assert start() is True and len(compiles) == 2
-    assert start(frequency=97) is False and len(compiles) == 3     # -DSAMPLE_PERIOD_NS
-    assert start(kernel=True) is False and len(compiles) == 4       # -DKERNEL_STACKS
-    assert start(frequency=97) is True and len(compiles) == 4
-    assert len(entries(tmp_path)) == 4
+    # the sampling period is set at load time (bpf/loadconst.h): no compile
+    assert start(frequency=97) is True and len(compiles) == 2
+    assert start(kernel=True) is False and len(compiles) == 3       # -DKERNEL_STACKS
+    assert start(frequency=97) is True and len(compiles) == 3
+    assert len(entries(tmp_path)) == 3
 
 
-def test_the_key_covers_headers_kernel_and_bcc(tmp_path, monkeypatch):
+def test_the_key_covers_headers_and_bcc_not_the_kernel(tmp_path, monkeypatch):
     inc = tmp_path / "bpf"
     shutil.copytree(BPF_DIR, inc)
     text = open(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")).read()
@@ -233,17 +235,10 @@ def test_the_key_covers_headers_kernel_and_bcc(tmp_path, monkeypatch):
         f.write("\n")
     changed = progcache.cache_key(text, flags)
     assert changed != base
-    # another kernel (its BTF), or no BTF to tell: never the same entry
-    other = tmp_path / "vmlinux"
-    data = bytearray(open(progcache.BTF_VMLINUX, "rb").read())
-    data[-1] ^= 1
-    other.write_bytes(bytes(data))
-    assert progcache.cache_key(text, flags, btf_path=str(other)) != changed
-    assert progcache.cache_key(text, flags, btf_path=str(tmp_path / "none")) is None
-    # bcc's settings and library
-    monkeypatch.setenv("BCC_KERNEL_SOURCE", "/usr/src/elsewhere")
-    assert progcache.cache_key(text, flags) != changed
-    monkeypatch.delenv("BCC_KERNEL_SOURCE")
+    # another kernel is the same entry: its values are set at load time
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "h", "9.9.9", "#1", "x86_64")))
+    assert progcache.cache_key(text, flags) == changed
+    # bcc's library
     monkeypatch.setattr(progcache, "_bcc_identity", lambda: "bcc 9.9")
     assert progcache.cache_key(text, flags) != changed
 
@@ -277,6 +272,33 @@ def test_a_map_reference_must_point_at_a_map_load(entry):
     prog["maps"] = [[idx + 1, name]] + prog["maps"][1:]       # the second half of the ld_imm64
     bad = dict(entry, programs=[prog] + entry["programs"][1:])
     with pytest.raises(progcache.CacheError, match="map reference"):
+        progcache.parse(progcache.serialize(bad), entry["key"])
+
+
+def test_load_time_constants_are_recorded_and_must_be_given(entry):
+    """Every load of LOADCONST_MAGIC + an index is recorded by its name, a
+    reference anywhere else is refused, and a program is not loaded with
+    one of its constants missing."""
+    named = {name for p in entry["programs"] for _, name in p["consts"]}
+    assert {"TASK_PID_OFF", "TASK_TGID_OFF", "SAMPLE_PERIOD_NS", "SYS_REGS_CS_OFF"} <= named, named
+    for p in entry["programs"]:
+        code = bytearray(base64.b64decode(p["insns"]))
+        magic = progcache.LOADCONST_MAGIC
+        # no load of the magic is left unrecorded (it would reach the verifier as an offset)
+        loads = {j for j in range(len(code) // 8 - 1)
+                 if code[j * 8] == 0x18 and not code[j * 8 + 1] >> 4
+                 and (int.from_bytes(code[j * 8 + 12:j * 8 + 16], "little") << 32) & ~0xffff == magic}
+        assert loads == {j for j, _ in p["consts"]}, p["name"]
+        progcache.patch_consts(code, p["consts"], {n: 7 for n in named})
+        assert all(progcache.load_const_at(code, j) is None for j, _ in p["consts"])
+        if p["consts"]:
+            with pytest.raises(progcache.CacheError, match="not given"):
+                progcache.patch_consts(bytearray(base64.b64decode(p["insns"])), p["consts"], {})
+    prog = next(p for p in entry["programs"] if p["consts"])
+    idx, name = prog["consts"][0]
+    bad_prog = dict(prog, consts=[[idx + 1, name]] + prog["consts"][1:])
+    bad = dict(entry, programs=[bad_prog if p is prog else p for p in entry["programs"]])
+    with pytest.raises(progcache.CacheError, match="load-time constant"):
         progcache.parse(progcache.serialize(bad), entry["key"])
 
 

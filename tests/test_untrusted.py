@@ -244,7 +244,7 @@ def test_a_damaged_pprof_is_one_line_never_a_traceback(tmp_path, damage):
 def test_a_deeply_nested_btf_cache_file_is_ignored(tmp_path):
     """btf-*.json in the cache directory: deep nesting (RecursionError) or a
     wrong shape is a file not ours, and the offsets come from vmlinux."""
-    from pyoffcpu.collect import progcache
+    from pyoffcpu import cachedir
     from pyoffcpu.kernel import btf
     if not os.path.exists(btf.VMLINUX_BTF):
         pytest.skip("no /sys/kernel/btf/vmlinux")
@@ -258,7 +258,7 @@ def test_a_deeply_nested_btf_cache_file_is_ignored(tmp_path):
         file.write_text(junk, errors="surrogateescape")
         btf._OFFSETS.clear()
         assert btf.member_offsets(btf.VMLINUX_BTF, members, cache_dir=str(cache)) == want, junk
-    assert progcache.file_sha256(btf.VMLINUX_BTF) in file.name
+    assert cachedir.file_sha256(btf.VMLINUX_BTF) in file.name
 
 
 def test_control_characters_in_names_reach_the_terminal_escaped(tmp_path):

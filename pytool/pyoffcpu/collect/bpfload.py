@@ -24,10 +24,13 @@ The cache: `$PYOFFCPU_CACHE_DIR/bpf` (`PYOFFCPU_CACHE_DIR=""`: no cache), else
 `/var/cache/pyoffcpu/bpf` as root.  One file per key, written atomically
 (mode 0600, directory 0700, both ours or not used: these programs run in the
 kernel).  The key is the sha256 of everything the compile depends on: the
-text, every cflag, the files of the -I directories, the kernel (sha256 of its
-BTF, uname), the kernel headers bcc compiles against, bcc's version and
-library, the possible CPUs, and FORMAT.  A file that is truncated, corrupt or
-for another key is compiled again, with a one-line notice.
+text, every cflag, the files of the -I directories, bcc's version and
+library, and FORMAT; not the kernel: what the programs need of it (the
+offsets of its structs, from BTF) and of the session (the sampling period)
+are load-time constants (bpf/loadconst.h), written into the instructions
+before the verifier sees them, so one entry serves every kernel.  A file
+that is truncated, corrupt or for another key is compiled again, with a
+one-line notice; so is one the verifier refuses.
 
 The pieces: bpfsys.py (the system calls), tables.py (the maps as bcc shows
 them), progcache.py (the cache's key and files, and bcc's compile); here,
@@ -46,12 +49,12 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..kernel.bpfsys import (AUTOLOAD_PREFIX, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE, BpfError, Function,
+from ..kernel.bpfsys import (AUTOLOAD_PREFIX, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE, BpfError, Function,
                      KPROBE, PERF_EVENT, PERF_EVENT_IOC_DISABLE, PERF_EVENT_IOC_ENABLE,
                      PERF_EVENT_IOC_SET_BPF, RAW_TRACEPOINT, TRACEPOINT, map_create, online_cpus,
                      perf_event_open, prog_load, raw_tracepoint_open)
 from .progcache import (CacheError, cache_key, check_entry, compile_in_child, default_cache_dir, one_line,
-                        read_entry, safe_dir, write_entry)
+                        patch_consts, read_entry, safe_dir, write_entry)
 from .tables import TABLE_TYPES, Table, check_sizes, ctype_of, lib_bpf
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -73,8 +76,9 @@ class Program:
     KPROBE, TRACEPOINT, PERF_EVENT, RAW_TRACEPOINT = KPROBE, TRACEPOINT, PERF_EVENT, RAW_TRACEPOINT
     Function = Function
 
-    def __init__(self, entry: dict, log_level: int = 0):
+    def __init__(self, entry: dict, log_level: int = 0, consts: Optional[Dict[str, int]] = None):
         self.entry = entry
+        self.consts = dict(consts or {})    # the load-time constants (bpf/loadconst.h)
         self.log_level = log_level
         self.from_cache = False
         self.funcs: Dict[bytes, Function] = {}
@@ -106,6 +110,7 @@ class Program:
         code = bytearray(base64.b64decode(p["insns"]))
         for idx, mname in p["maps"]:
             struct.pack_into("<i", code, idx * 8 + 4, self._map_fds[mname])
+        patch_consts(code, p["consts"], self.consts)
         return bytes(code)
 
     def load_func(self, func_name, prog_type: int, device=None, attach_type: int = -1) -> Function:
@@ -321,6 +326,7 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
          preload: Sequence[Tuple[str, int]] = (), optional: Sequence[Tuple[str, int]] = (),
          notices: Optional[List[str]] = None, cache_dir: Optional[str] = "default",
          log_level: int = 0, sizes: Optional[Dict[str, int]] = None,
+         consts: Optional[Dict[str, int]] = None,
          meanwhile: Optional[Callable[["Program"], None]] = None) -> Program:
     """The programs of text compiled with cflags, from the cache or from bcc,
     with every raw_tracepoint__<tp> function attached except the tps in
@@ -331,7 +337,11 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
     (map name -> entries) makes hash and stack maps smaller than the source
     says, for what this session needs: the kernel reserves a preallocated
     map's memory whole.  A map's size is not in the instructions, so the
-    cached programs serve every size.  meanwhile: the caller's work, done
+    cached programs serve every size; an array's may also grow.  consts:
+    the values of the load-time constants the programs use (NAME -> int,
+    bpf/loadconst.h), set in their instructions before the verifier runs:
+    what depends on the kernel or the session, so that one compiled entry
+    serves them all.  meanwhile: the caller's work, done
     while the verifier runs (load_funcs_parallel).  Raises BpfError (one
     line) or what bcc raises on a miss."""
     notices = notices if notices is not None else []
@@ -348,7 +358,7 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
             notices.append(f"BPF program cache {path}: {e}; compiled again")
     if entry is not None:
         try:
-            prog = _start(entry, skip, preload, optional, log_level, sizes, meanwhile)
+            prog = _start(entry, skip, preload, optional, log_level, sizes, meanwhile, consts)
             prog.from_cache = True
             return prog
         except Exception as e:                          # noqa: BLE001 (compiled again below)
@@ -357,13 +367,14 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
     entry = compile_in_child(text, cflags)
     entry["key"] = key
     check_entry(entry, key)
-    prog = _start(entry, skip, preload, optional, log_level, sizes, meanwhile)
+    prog = _start(entry, skip, preload, optional, log_level, sizes, meanwhile, consts)
     if path:
         write_entry(directory, path, entry)
     return prog
 
 
-RESIZABLE = (BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE)
+RESIZABLE = (BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE)   # made smaller
+MAX_ARRAY_ENTRIES = 1 << 16     # an array (its index checked at each lookup) may be made larger
 
 
 def _resized(entry: dict, sizes: Optional[Dict[str, int]]) -> dict:
@@ -375,7 +386,8 @@ def _resized(entry: dict, sizes: Optional[Dict[str, int]]) -> dict:
     for m in entry["maps"]:
         n = sizes.get(m["name"])
         if n is not None:
-            if m["type"] not in RESIZABLE or not 0 < n <= m["max_entries"]:
+            if not (m["type"] in RESIZABLE and 0 < n <= m["max_entries"]
+                    or m["type"] == BPF_MAP_TYPE_ARRAY and 0 < n <= MAX_ARRAY_ENTRIES):
                 raise ValueError(f"map {m['name']}: cannot be given {n} entries")
             m = dict(m, max_entries=n)
         maps.append(m)
@@ -385,7 +397,8 @@ def _resized(entry: dict, sizes: Optional[Dict[str, int]]) -> dict:
 def _start(entry: dict, skip: Iterable[str], preload: Sequence[Tuple[str, int]],
            optional: Sequence[Tuple[str, int]], log_level: int,
            sizes: Optional[Dict[str, int]] = None,
-           meanwhile: Optional[Callable[["Program"], None]] = None) -> Program:
+           meanwhile: Optional[Callable[["Program"], None]] = None,
+           consts: Optional[Dict[str, int]] = None) -> Program:
     entry = _resized(entry, sizes)
     for m in entry["maps"]:                     # every type decodes, before anything is made
         try:
@@ -393,7 +406,7 @@ def _start(entry: dict, skip: Iterable[str], preload: Sequence[Tuple[str, int]],
                          ctype_of(json.loads(m["leaf_desc"])), m)
         except ValueError as e:
             raise CacheError(f"map {m['name']}: {e}") from None
-    prog = Program(entry, log_level)
+    prog = Program(entry, log_level, consts)
     try:
         skip = set(skip)
         auto = [n for n in prog.function_names()

@@ -224,18 +224,20 @@ class CrashCapture:
         if regs_size > V("CR_REGS_MAX"):
             raise bpfsys.BpfError(f"struct pt_regs of {regs_size} bytes: more than the copy holds")
         ncpus = max(bpfsys.possible_cpus()) + 1
-        cflags = [f"-I{BPF_DIR}", f"-DTASK_FSBASE_OFF={task['thread.fsbase']}",
-                  f"-DTASK_LEADER_OFF={task['group_leader']}", f"-DTASK_START_OFF={task['start_boottime']}",
-                  f"-DTASK_PID_OFF={task['pid']}", f"-DTASK_TGID_OFF={task['tgid']}",
-                  *(f"-D{macro}={task[field]}" for field, macro in EXE_FIELDS.items()),
-                  f"-DEXIT_GROUP_DEAD={int(group_dead)}", f"-DPT_REGS_SIZE={regs_size}",
-                  f"-DPT_REGS_SP_OFF={self._reg_offs['sp']}", f"-DPT_REGS_CS_OFF={self._reg_offs['cs']}",
-                  f"-DNCPUS={ncpus}"]
+        # the kernel's values are set at load time (bpf/loadconst.h): the
+        # compiled programs serve every kernel
+        consts = {"TASK_FSBASE_OFF": task["thread.fsbase"], "TASK_LEADER_OFF": task["group_leader"],
+                  "TASK_START_OFF": task["start_boottime"], "TASK_PID_OFF": task["pid"],
+                  "TASK_TGID_OFF": task["tgid"], "EXIT_GROUP_DEAD": int(group_dead),
+                  "PT_REGS_SIZE": regs_size, "PT_REGS_SP_OFF": self._reg_offs["sp"],
+                  "PT_REGS_CS_OFF": self._reg_offs["cs"],
+                  **{macro: task[field] for field, macro in EXE_FIELDS.items()}}
         self.notices: List[str] = []
-        self.bpf = bpfload.load(bpf_source(os.path.join(BPF_DIR, "crashes.bpf.c")), cflags,
+        self.bpf = bpfload.load(bpf_source(os.path.join(BPF_DIR, "crashes.bpf.c")), [f"-I{BPF_DIR}"],
                                 preload=[(n, bpfsys.RAW_TRACEPOINT) for n in
                                          ("crash_signal", "crash_py", "crash_code", "crash_other")],
-                                notices=self.notices, cache_dir=cache_dir)
+                                notices=self.notices, cache_dir=cache_dir, consts=consts,
+                                sizes={"bigbuf": ncpus})
         self._stats_fd = -1
         self.lost = 0                   # perf buffer records lost
         self._pending: Dict[Tuple[int, int], _Pending] = {}

@@ -15,11 +15,11 @@ import struct
 from typing import Dict, Optional, Sequence
 
 from .. import cachedir
-from ..cachedir import file_sha256
+from ..kernel import bpfdefs
 from ..kernel.bpfsys import (BPF_MAP_TYPE_ARRAY_OF_MAPS, BpfError, INNER_SUFFIX, LD_IMM64, PSEUDO_MAP_FD,
                      PSEUDO_MAP_VALUE, map_info)
 
-FORMAT = 1
+FORMAT = 2                              # 2: load-time constants (bpf/loadconst.h)
 MAGIC = b"pyoffcpu-bpf-cache\n"
 MAX_FILES = 32                          # entries kept (least recently used go first)
 BTF_VMLINUX = "/sys/kernel/btf/vmlinux"
@@ -27,6 +27,36 @@ BTF_VMLINUX = "/sys/kernel/btf/vmlinux"
 
 class CacheError(Exception):
     """A cache entry that cannot be used."""
+
+
+# -- load-time constants (bpf/loadconst.h) -----------------------------------------------------------
+LOADCONST_MAGIC = bpfdefs.value("LOADCONST_MAGIC")
+LOADCONST_INDEX_MASK = bpfdefs.value("LOADCONST_INDEX_MASK")
+LOAD_CONSTS = {i: name for name, i in bpfdefs.with_prefix("LC_").items()}     # index -> NAME
+
+
+def load_const_at(code, j: int) -> Optional[str]:
+    """The name of the load-time constant instruction j of code loads (an
+    ld_imm64 of LOADCONST_MAGIC + its index, src_reg 0), or None."""
+    if code[j * 8] != LD_IMM64 or code[j * 8 + 1] >> 4:
+        return None
+    lo, hi = struct.unpack_from("<I", code, j * 8 + 4)[0], struct.unpack_from("<I", code, j * 8 + 12)[0]
+    value = hi << 32 | lo
+    if value & ~LOADCONST_INDEX_MASK != LOADCONST_MAGIC:
+        return None
+    return LOAD_CONSTS.get(value & LOADCONST_INDEX_MASK)
+
+
+def patch_consts(code: bytearray, refs, values: Dict[str, int]) -> None:
+    """Write each load-time constant's value (values: NAME -> int, two's
+    complement for a negative one) into its ld_imm64.  Raises CacheError
+    for one not given."""
+    for j, name in refs:
+        if name not in values:
+            raise CacheError(f"load-time constant {name} not given")
+        v = values[name] & ((1 << 64) - 1)
+        struct.pack_into("<I", code, j * 8 + 4, v & 0xffffffff)
+        struct.pack_into("<I", code, j * 8 + 12, v >> 32)
 
 
 # -- the cache key ------------------------------------------------------------------------------------
@@ -63,26 +93,15 @@ def _bcc_identity() -> str:
     return "\n".join(out)
 
 
-def _kernel_headers_identity(release: str) -> str:
-    """Where bcc finds the kernel headers, and which ones they are."""
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("BCC_"))
-    dirs = [os.environ.get("BCC_KERNEL_SOURCE", "")] + [
-        f"/lib/modules/{release}/{d}" for d in ("build", "source")]
-    out = [repr(env)]
-    for d in dirs:
-        if not d:
-            continue
-        out.append(os.path.realpath(d))
-        for f in ("Makefile", "include/generated/autoconf.h", "include/generated/uapi/linux/version.h",
-                  "include/generated/utsrelease.h", "include/uapi/linux/bpf.h",
-                  "include/uapi/linux/ptrace.h"):
-            out.append(_stat_id(os.path.join(d, f)))
-    return "\n".join(out)
-
-
-def cache_key(text: str, cflags: Sequence[str], btf_path: str = BTF_VMLINUX) -> Optional[str]:
+def cache_key(text: str, cflags: Sequence[str]) -> Optional[str]:
     """The sha256 of everything bcc's compile of text with cflags depends
-    on; None when the kernel's BTF (its identity) cannot be read."""
+    on: the text, the flags, the files of the -I directories, bcc, FORMAT.
+    Not the kernel: what the programs need of it (its structs' offsets,
+    what its tracepoints pass) is set at load time (bpf/loadconst.h), and
+    the types they are compiled with are the kernel's user-space ABI (the
+    tracepoint and perf-event context structs, `struct pt_regs` only by
+    offsets), which a new kernel keeps.  An entry then serves every kernel
+    the verifier accepts it on; one that does not load is compiled again."""
     h = hashlib.sha256()
 
     def part(tag: str, data) -> None:
@@ -100,19 +119,7 @@ def cache_key(text: str, cflags: Sequence[str], btf_path: str = BTF_VMLINUX) -> 
                 if name.endswith((".h", ".c")) and os.path.isfile(p):
                     with open(p, "rb") as fh:
                         part("include " + name, fh.read())
-    try:
-        part("btf", file_sha256(btf_path))
-    except OSError:
-        return None
-    u = os.uname()
-    part("uname", f"{u.sysname}\n{u.release}\n{u.version}\n{u.machine}")
-    part("headers", _kernel_headers_identity(u.release))
     part("bcc", _bcc_identity())
-    try:
-        with open("/sys/devices/system/cpu/possible") as f:
-            part("cpus", f.read().strip())
-    except OSError:
-        part("cpus", "?")
     return h.hexdigest()
 
 
@@ -190,6 +197,9 @@ def check_entry(entry, key: Optional[str]) -> None:
                 op, regs = code[idx * 8], code[idx * 8 + 1]
                 if op != LD_IMM64 or regs >> 4 not in (PSEUDO_MAP_FD, PSEUDO_MAP_VALUE):
                     raise CacheError(f"program {p['name']}: map reference at no map load")
+            for idx, name in p["consts"]:
+                if not isinstance(idx, int) or not 0 <= idx < n - 1 or load_const_at(code, idx) != name:
+                    raise CacheError(f"program {p['name']}: a load-time constant at no such load")
     except CacheError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -294,8 +304,10 @@ def _dump(b, lib) -> dict:
                     raise BpfError(f"{fname.decode()}: an ld_imm64 (src_reg {regs >> 4}) that is "
                                    "no map of this module")
                 refs.append([j, by_fd[imm]])
+        consts = [[j, name] for j in range(len(code) // 8 - 1)
+                  for name in [load_const_at(code, j)] if name]
         progs.append({"name": fname.decode(), "insns": base64.b64encode(code).decode(),
-                      "maps": refs})
+                      "maps": refs, "consts": consts})
     return {"format": FORMAT, "license": lib.bpf_module_license(mod).decode(),
             "kern_version": int(lib.bpf_module_kern_version(mod)), "maps": maps,
             "programs": progs}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
@@ -20,18 +20,12 @@ from ..targets.processes import Targets
 from ..targets.selection import Select
 
 
-def compile_flags(o, p) -> List[str]:
+def compile_flags(o) -> List[str]:
     """The -D and -I flags the programs of a recording with options o are
-    compiled with on platform p (the unwinder's are unwind_loader.cflags)."""
+    compiled with (the unwinder's are unwind_loader.cflags): what it turns
+    on, nothing of the kernel's (load_consts)."""
     return [
         f"-I{BPF_DIR}",
-        f"-DTASK_FSBASE_OFF={p.task_fsbase_offset}",
-        f"-DTASK_PID_OFF={p.task_pid_offset}",
-        f"-DTASK_TGID_OFF={p.task_tgid_offset}",
-        f"-DTASK_EXEC_OFF={p.task_exec_offset}",
-        f"-DEXIT_GROUP_DEAD={int(p.exit_group_dead)}",
-        f"-DTASK_RSEQ_OFF={p.task_rseq_offset}",
-        f"-DSAMPLE_PERIOD_NS={int(1e9 // o.frequency)}ULL",
         f"-DKERNEL_STACKS={1 if o.kernel else 0}",
         f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
         f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
@@ -39,7 +33,27 @@ def compile_flags(o, p) -> List[str]:
         f"-DTIMELINE={int(bool(o.timeline) and o.mode != 'cpu')}",
         # tests: every switch memo hit walked all the same and compared (bpf/memo.c)
         f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
-    ] + [f"-DSYS_REGS_{n}_OFF={off}" for n, off in zip(("IP", "CS", "ORIG_AX", "AX"), p.pt_regs_offsets)]
+    ]
+
+
+def load_consts(o, p) -> Dict[str, int]:
+    """The values of the load-time constants (bpf/loadconst.h) of a
+    recording with options o on platform p: the kernel's offsets (BTF) and
+    the sampling period."""
+    from .platform import BTF_PATH
+    # the system call a thread is in (oncpu.c: current_syscall) reads ax,
+    # orig_ax and cs in one go; where they are not so, or not known, it
+    # reads nothing (an orig_ax past its 16 words): no system call is named
+    _ip, cs, orig_ax, ax = p.pt_regs_offsets or (0, 0, 0, 0)
+    if not (p.pt_regs_offsets and ax < orig_ax < cs <= ax + 120 and not (cs - ax) % 8
+            and not (orig_ax - ax) % 8):
+        ax, orig_ax, cs = 0, 128, 136
+    return {"TASK_FSBASE_OFF": p.task_fsbase_offset, "TASK_PID_OFF": p.task_pid_offset,
+            "TASK_TGID_OFF": p.task_tgid_offset, "TASK_EXEC_OFF": p.task_exec_offset,
+            "EXIT_GROUP_DEAD": int(p.exit_group_dead), "TASK_RSEQ_OFF": p.task_rseq_offset,
+            "SAMPLE_PERIOD_NS": int(1e9 // o.frequency),
+            "SYS_REGS_AX_OFF": ax, "SYS_REGS_ORIG_AX_OFF": orig_ax, "SYS_REGS_CS_OFF": cs,
+            **unwind_loader.load_consts(BTF_PATH)}
 
 
 def program_source(o, p) -> Tuple[str, List[str], List[str]]:
@@ -47,7 +61,7 @@ def program_source(o, p) -> Tuple[str, List[str], List[str]]:
     with options o compiles on platform p."""
     from .platform import BTF_PATH
     unwind = unwind_loader.cflags(BTF_PATH)
-    return bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), compile_flags(o, p) + unwind, unwind
+    return bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), compile_flags(o) + unwind, unwind
 
 
 def program_key(o, p) -> Optional[str]:
@@ -78,7 +92,7 @@ class SessionSetup:
                                     optional=unwind_loader.program_specs(sampled, switches,
                                                                          bool(self._wake_programs()))
                                     + ([("rseq_capture", bpfsys.RAW_TRACEPOINT)] if self._waits_sampled() else []),
-                                    notices=self.rec.notices,
+                                    notices=self.rec.notices, consts=load_consts(o, self.platform),
                                     meanwhile=self._head_start if not o.command else None)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",

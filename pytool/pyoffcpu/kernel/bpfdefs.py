@@ -35,7 +35,7 @@ def read_defines(name: str) -> Dict[str, Tuple[int, str]]:
 
 
 _DEFS: Dict[str, Tuple[int, str]] = {}
-HEADERS = ("pyoffcpu.h", "unwind_defs.h", "crashes.h")   # crashes.h: the crash watcher's
+HEADERS = ("pyoffcpu.h", "unwind_defs.h", "crashes.h", "loadconst.h")   # crashes.h: the crash watcher's
 for _h in HEADERS:
     _DEFS.update(read_defines(_h))
 

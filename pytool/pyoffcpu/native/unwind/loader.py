@@ -60,20 +60,31 @@ def enabled() -> bool:
     return os.environ.get("PYOFFCPU_NATIVE_UNWIND", "1") != "0"
 
 
-def cflags(btf_path: Optional[str] = None) -> List[str]:
-    """-D flags for bpf/unwind.c; [] (unwinding off) when BTF lacks pt_regs."""
-    off = ["-DNATIVE_UNWIND=0"]
-    if not enabled():
-        return off
+REGS_FIELDS = ("ip", "sp", "bp", "bx", "cs")
+
+
+def _regs_offsets(btf_path: Optional[str]) -> Optional[Dict[str, int]]:
+    """The offsets in struct pt_regs the walk starts from (BTF), or None."""
     from ...kernel.btf import VMLINUX_BTF, BtfError, member_offsets
-    fields = ("ip", "sp", "bp", "bx", "cs")
     try:
-        offs = dict(zip(fields, member_offsets(btf_path or VMLINUX_BTF,
-                                               [("pt_regs", f) for f in fields])))
+        return dict(zip(REGS_FIELDS, member_offsets(btf_path or VMLINUX_BTF,
+                                                    [("pt_regs", f) for f in REGS_FIELDS])))
     except (BtfError, OSError):
-        return off
-    return ["-DNATIVE_UNWIND=1"] + [
-        f"-DPT_REGS_{f.upper()}_OFF={o}" for f, o in offs.items()]
+        return None
+
+
+def cflags(btf_path: Optional[str] = None) -> List[str]:
+    """The -D flag for bpf/unwind.c: NATIVE_UNWIND=0 (off) when it is
+    turned off or BTF lacks pt_regs."""
+    on = enabled() and _regs_offsets(btf_path) is not None
+    return [f"-DNATIVE_UNWIND={int(on)}"]
+
+
+def load_consts(btf_path: Optional[str] = None) -> Dict[str, int]:
+    """Its load-time constants (bpf/loadconst.h): pt_regs's offsets (0s
+    where unwinding is off: no instruction reads them then)."""
+    offs = _regs_offsets(btf_path) or {}
+    return {f"PT_REGS_{f.upper()}_OFF": offs.get(f, 0) for f in REGS_FIELDS}
 
 
 def tables_on(flags: List[str]) -> bool:

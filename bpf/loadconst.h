@@ -1,0 +1,98 @@
+/* Values set at load time, not compiled in: what depends on the kernel (the
+ * offsets of task_struct, pt_regs and the file structs, from its BTF; what
+ * sched_process_exit passes) and on the session (the sampling period).  The
+ * compiled programs are then the same on every kernel: the cache serves a
+ * new kernel without a compile, and a build can ship them.
+ *
+ * Each is a 64-bit load of LOADCONST_MAGIC + its index (LC_*) that the
+ * compiler keeps as it is (an asm statement); the compile records where each
+ * one is, and the loader writes the value in before the verifier sees the
+ * program (collect/progcache.py, collect/bpfload.py), which then knows it
+ * as a constant, as it knew a -D one.  A -DNAME=value still wins. */
+#ifndef PYOFFCPU_LOADCONST_H
+#define PYOFFCPU_LOADCONST_H
+
+#define LOADCONST_MAGIC      0x50794f4600000000   /* "PyOF", then the index */
+#define LOADCONST_INDEX_MASK 0xffff
+
+#define LC_TASK_FSBASE_OFF      1   /* offsetof(task_struct, thread.fsbase) */
+#define LC_TASK_PID_OFF         2
+#define LC_TASK_TGID_OFF        3
+#define LC_TASK_EXEC_OFF        4   /* ... of the exec'd file's identity (switch.c) */
+#define LC_TASK_RSEQ_OFF        5   /* -1: none */
+#define LC_TASK_LEADER_OFF      6
+#define LC_TASK_START_OFF       7
+#define LC_EXIT_GROUP_DEAD      8   /* sched_process_exit passes group_dead */
+#define LC_SAMPLE_PERIOD_NS     9
+#define LC_SYS_REGS_AX_OFF      10  /* pt_regs: the system call's return, number, cs */
+#define LC_SYS_REGS_ORIG_AX_OFF 11
+#define LC_SYS_REGS_CS_OFF      12
+#define LC_PT_REGS_IP_OFF       13  /* pt_regs, for the native unwinder and crashes */
+#define LC_PT_REGS_SP_OFF       14
+#define LC_PT_REGS_BP_OFF       15
+#define LC_PT_REGS_BX_OFF       16
+#define LC_PT_REGS_CS_OFF       17
+#define LC_PT_REGS_SIZE         18
+#define LC_BPRM_FILE_OFF        19  /* the crash watcher's program-file identity */
+#define LC_FILE_INODE_OFF       20
+#define LC_INODE_INO_OFF        21
+#define LC_INODE_SB_OFF         22
+#define LC_INODE_GEN_OFF        23
+#define LC_SB_DEV_OFF           24
+
+#define LOAD_CONST(i) ({ unsigned long long __lc;                                  \
+        asm volatile("%0 = %1 ll" : "=r"(__lc) : "i"(LOADCONST_MAGIC + (i)));     \
+        __lc; })
+
+#ifndef TASK_FSBASE_OFF
+#define TASK_FSBASE_OFF LOAD_CONST(LC_TASK_FSBASE_OFF)
+#endif
+#ifndef TASK_PID_OFF
+#define TASK_PID_OFF LOAD_CONST(LC_TASK_PID_OFF)
+#endif
+#ifndef TASK_TGID_OFF
+#define TASK_TGID_OFF LOAD_CONST(LC_TASK_TGID_OFF)
+#endif
+#ifndef TASK_EXEC_OFF
+#define TASK_EXEC_OFF LOAD_CONST(LC_TASK_EXEC_OFF)
+#endif
+#ifndef TASK_RSEQ_OFF
+#define TASK_RSEQ_OFF ((long long)LOAD_CONST(LC_TASK_RSEQ_OFF))
+#endif
+#ifndef TASK_LEADER_OFF
+#define TASK_LEADER_OFF LOAD_CONST(LC_TASK_LEADER_OFF)
+#endif
+#ifndef TASK_START_OFF
+#define TASK_START_OFF LOAD_CONST(LC_TASK_START_OFF)
+#endif
+#ifndef EXIT_GROUP_DEAD
+#define EXIT_GROUP_DEAD LOAD_CONST(LC_EXIT_GROUP_DEAD)
+#endif
+#ifndef SAMPLE_PERIOD_NS
+#define SAMPLE_PERIOD_NS LOAD_CONST(LC_SAMPLE_PERIOD_NS)
+#endif
+#ifndef SYS_REGS_AX_OFF
+#define SYS_REGS_AX_OFF LOAD_CONST(LC_SYS_REGS_AX_OFF)
+#define SYS_REGS_ORIG_AX_OFF LOAD_CONST(LC_SYS_REGS_ORIG_AX_OFF)
+#define SYS_REGS_CS_OFF LOAD_CONST(LC_SYS_REGS_CS_OFF)
+#endif
+#ifndef PT_REGS_IP_OFF
+#define PT_REGS_IP_OFF LOAD_CONST(LC_PT_REGS_IP_OFF)
+#define PT_REGS_SP_OFF LOAD_CONST(LC_PT_REGS_SP_OFF)
+#define PT_REGS_BP_OFF LOAD_CONST(LC_PT_REGS_BP_OFF)
+#define PT_REGS_BX_OFF LOAD_CONST(LC_PT_REGS_BX_OFF)
+#define PT_REGS_CS_OFF LOAD_CONST(LC_PT_REGS_CS_OFF)
+#endif
+#ifndef PT_REGS_SIZE
+#define PT_REGS_SIZE LOAD_CONST(LC_PT_REGS_SIZE)
+#endif
+#ifndef BPRM_FILE_OFF
+#define BPRM_FILE_OFF LOAD_CONST(LC_BPRM_FILE_OFF)
+#define FILE_INODE_OFF LOAD_CONST(LC_FILE_INODE_OFF)
+#define INODE_INO_OFF LOAD_CONST(LC_INODE_INO_OFF)
+#define INODE_SB_OFF LOAD_CONST(LC_INODE_SB_OFF)
+#define INODE_GEN_OFF LOAD_CONST(LC_INODE_GEN_OFF)
+#define SB_DEV_OFF LOAD_CONST(LC_SB_DEV_OFF)
+#endif
+
+#endif
