@@ -2,13 +2,12 @@
 Table with bcc's Key/Leaf ctypes (made from bcc's type descriptions, kept
 in the cache), items, lookup, update, delete and batch reads, per-CPU
 values summed the way bcc's callers expect, stack traces, and perf event
-arrays read through libbpf's perf buffer."""
+arrays read through per-CPU ring buffers (kernel/perfring.py)."""
 from __future__ import annotations
 
 
 import ctypes as ct
 import json
-import os
 import struct
 from typing import Callable, List, Optional
 
@@ -311,53 +310,24 @@ class StackTrace(HashTable):
         return addresses()
 
 
-_SAMPLE_CB = ct.CFUNCTYPE(None, ct.c_void_p, ct.c_int, ct.c_void_p, ct.c_uint32)
-_LOST_CB = ct.CFUNCTYPE(None, ct.c_void_p, ct.c_int, ct.c_uint64)
-_libbpf = None
-
-
-def lib_bpf():
-    """Debian's libbpf1 (libbcc links it; small, no LLVM): only its perf buffer reader."""
-    global _libbpf
-    if _libbpf is None:
-        lib = ct.CDLL("libbpf.so.1", use_errno=True)
-        lib.perf_buffer__new.restype = ct.c_void_p
-        lib.perf_buffer__new.argtypes = [ct.c_int, ct.c_size_t, _SAMPLE_CB, _LOST_CB, ct.c_void_p,
-                                         ct.c_void_p]
-        lib.perf_buffer__poll.restype = ct.c_int
-        lib.perf_buffer__poll.argtypes = [ct.c_void_p, ct.c_int]
-        lib.perf_buffer__epoll_fd.restype = ct.c_int
-        lib.perf_buffer__consume.restype = ct.c_int
-        lib.perf_buffer__consume.argtypes = [ct.c_void_p]
-        lib.perf_buffer__epoll_fd.argtypes = [ct.c_void_p]
-        lib.perf_buffer__free.restype = None
-        lib.perf_buffer__free.argtypes = [ct.c_void_p]
-        _libbpf = lib
-    return _libbpf
-
-
 class PerfEventArray(Array):
     def open_perf_buffer(self, callback: Callable, page_cnt: int = 8,
                          lost_cb: Optional[Callable] = None, wakeup_events: int = 1, wakes: bool = True):
-        """Per-CPU ring buffers of this map; callback(cpu, data, size) and
-        lost_cb(count) are called from perf_buffer_poll.  wakes=False (with
-        other buffers): a record here does not end perf_buffer_poll's wait,
-        it is read at the next poll (a buffer that fills at tens of
-        thousands of records a second would turn the loop that often)."""
-        if page_cnt & (page_cnt - 1):
+        """Per-CPU ring buffers of this map (kernel/perfring.py); callback(cpu,
+        data: bytes) and lost_cb(count) are called from perf_buffer_poll.
+        wakes=False (with other buffers): a record here does not end
+        perf_buffer_poll's wait, it is read at the next poll (a buffer that
+        fills at tens of thousands of records a second would turn the loop
+        that often)."""
+        if page_cnt <= 0 or page_cnt & (page_cnt - 1):
             raise Exception("Perf buffer page_cnt must be a power of two")
         if wakeup_events != 1:
             raise Exception("only wakeup_events=1")
-        lib = lib_bpf()
-        sample = _SAMPLE_CB(lambda _ctx, cpu, data, size: callback(cpu, data, size))
-        lost = _LOST_CB(lambda _ctx, cpu, n: lost_cb(n)) if lost_cb else ct.cast(None, _LOST_CB)
-        pb = lib.perf_buffer__new(self.map_fd, page_cnt, sample, lost, None, None)
-        if not pb:
-            raise Exception(f"Could not open perf buffer: {os.strerror(ct.get_errno())}")
-        self.bpf._perf_buffers.append((pb, sample, lost))
-        if not wakes:
-            self.bpf._unwaited.add(pb)
-        self.bpf.wait_on_buffers()
+        try:
+            self.bpf.perf_buffers().open(self.map_fd, callback, page_cnt, lost_cb, wakes,
+                                         self.max_entries)
+        except OSError as e:
+            raise Exception(f"Could not open perf buffer: {e.strerror or e}") from None
 
 
 TABLE_TYPES = {BPF_MAP_TYPE_HASH: HashTable, BPF_MAP_TYPE_LRU_HASH: HashTable, BPF_MAP_TYPE_ARRAY: Array, BPF_MAP_TYPE_PROG_ARRAY: ProgArray,

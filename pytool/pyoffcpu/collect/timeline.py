@@ -16,7 +16,6 @@ The budget (docs/timeline.md), so that an hour's trace still opens:
 """
 from __future__ import annotations
 
-import ctypes
 import struct
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
@@ -24,6 +23,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 # struct timeline_event: the stack_key (tgid, tid, ustack, kstack, pystack,
 # kind, gen, nstack), begin, end, wake_ts, waker_tgid, waker_tid, comm
 EVENT = struct.Struct("<IIiiQIIQQQQII16s")
+_SIZE = EVENT.size
 MIN_US_DEFAULT = 100
 MAX_WAITS = 250_000                 # ~100 MB of JSON at ~400 bytes a wait; 22 MB here (raw records)
 MAX_SAMPLES = 250_000
@@ -93,11 +93,13 @@ class TimelineBuffer:
         self.pending = bytearray()              # records not sorted out yet (settle)
 
     # -- perf buffer callbacks ------------------------------------------------
-    def on_event(self, cpu, data, size):
+    def on_event(self, cpu: int, data: bytes):
         """Kept as it came, sorted out in bulk (settle): a server sends tens
-        of thousands a second, and this runs once for each."""
-        if size >= EVENT.size:
-            self.pending += ctypes.string_at(data, EVENT.size)
+        of thousands a second, and this runs once for each.  (data: the
+        event and the perf record's padding after it; a shorter one is
+        dropped.)"""
+        if len(data) >= _SIZE:
+            self.pending += data[:_SIZE]
             if len(self.pending) >= PENDING_BYTES:
                 self.settle()
 

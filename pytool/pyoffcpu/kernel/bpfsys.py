@@ -17,7 +17,8 @@ from typing import List, Tuple
 KPROBE, TRACEPOINT, PERF_EVENT, RAW_TRACEPOINT = 2, 5, 7, 17
 # perf_event_open(2)
 PERF_TYPE_SOFTWARE = 1
-PERF_COUNT_SW_CPU_CLOCK = 0
+PERF_COUNT_SW_CPU_CLOCK, PERF_COUNT_SW_BPF_OUTPUT = 0, 10
+PERF_SAMPLE_RAW = 1 << 10
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 
 _NR_BPF, _NR_PERF_EVENT_OPEN = 321, 298          # x86_64
@@ -174,15 +175,18 @@ def raw_tracepoint_open(tp: str, prog_fd: int) -> int:
 
 
 def perf_event_open(ev_type: int, config: int, period: int, freq: int, pid: int, cpu: int,
-                     group_fd: int) -> int:
+                     group_fd: int, sample_type: int = 0, wakeup_events: int = 0) -> int:
+    """A perf event's fd, disabled (PERF_EVENT_IOC_ENABLE starts it).
+    wakeup_events: a poll of the fd wakes every that many records of its
+    ring (perfring.py's per-CPU buffers); sample_type: PERF_SAMPLE_*."""
     attr = ct.create_string_buffer(112)          # PERF_ATTR_SIZE_VER5
     flags = 1                                    # disabled, until the program is set
     if freq:
         flags |= 1 << 10                         # freq: sample_freq in the period's place
     if pid > 0:
         flags |= 1 << 1                          # inherit (as bcc does for one process)
-    struct.pack_into("<IIQQ", attr, 0, ev_type, len(attr), config, freq or period)
-    struct.pack_into("<Q", attr, 40, flags)
+    struct.pack_into("<IIQQQ", attr, 0, ev_type, len(attr), config, freq or period, sample_type)
+    struct.pack_into("<QI", attr, 40, flags, wakeup_events)
     return _sys(_NR_PERF_EVENT_OPEN, attr, ct.c_long(pid), ct.c_long(cpu), ct.c_long(group_fd),
                 ct.c_long(_PERF_FLAG_FD_CLOEXEC))
 
