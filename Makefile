@@ -6,11 +6,21 @@ PY := $(VENV)/bin/python
 SYSTEM_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench root clean helper deb
+.PHONY: install demo test bench root clean helper deb bpf-objects wheel
+
+# The BPF programs the package ships (pytool/pyoffcpu/bpfobj/), compiled by bcc
+# from bpf/: run after changing bpf/ and commit the result; the tests fail
+# while they differ from a rebuild (tests/test_shipped_bpf.py).  Where they are
+# stale or do not load, pyoffcpu compiles on the target with bcc instead.
+bpf-objects: $(VENV)/.installed
+	$(PY) tools/build_bpf_objects.py
 
 # The compiled helper (pytool/pyoffcpu/native/helper/): the unwind tables and symbol
-# indexes of a target's libraries, linked against the venv's own capstone (the
-# same decoder the Python side uses, so both give the same rows).
+# indexes of a target's libraries, built against the venv's own capstone (the
+# same decoder the Python side uses, so both give the same rows).  It dlopens
+# libcapstone.so: pyoffcpu starts it with LD_LIBRARY_PATH at its Python's
+# capstone/lib, and its RUNPATH is where a wheel's install puts that (no path
+# of this machine goes into the binary).
 HELPER_DIR := pytool/pyoffcpu/native/helper
 HELPER := $(HELPER_DIR)/pyoffcpu-elf
 HELPER_SRC := $(wildcard $(HELPER_DIR)/*.c $(HELPER_DIR)/*.h)
@@ -18,7 +28,7 @@ CAPSTONE_DIR = $(shell $(PY) -c 'import capstone, os; print(os.path.dirname(caps
 
 $(HELPER): $(HELPER_SRC) $(VENV)/.installed
 	$(CC) -O2 -g -Wall -Wextra -std=gnu11 -I$(CAPSTONE_DIR)/include -o $@ $(filter %.c,$(HELPER_SRC)) \
-		-L$(CAPSTONE_DIR)/lib -lcapstone -Wl,-rpath,$(CAPSTONE_DIR)/lib
+		-ldl -Wl,-rpath,'$$ORIGIN/../../../capstone/lib'
 
 helper: $(HELPER)
 
@@ -68,6 +78,13 @@ test: root
 # (tools/build_deb.py: man pages and completion made from --help itself)
 deb: $(VENV)/.installed
 	$(PY) tools/build_deb.py dist
+
+# dist/pyoffcpu-<version>-py3-none-linux_x86_64.whl: everything a target needs (the
+# compiled BPF programs, the helper; capstone, pyelftools and click from PyPI): no
+# bcc, compiler or kernel headers where it is installed
+wheel: $(VENV)/.installed helper
+	rm -rf build
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
 
 # make bench [BENCH_REV=HEAD] [BENCH_LONG_S=600] [BENCH_PAIRS=7] [BENCH_ARGS="--cases 1,5"]: see tools/bench/run.py
 bench: install

@@ -31,6 +31,7 @@
  * Kernel structs are never dereferenced by type (see pyoffcpu.bpf.c).
  */
 #include <uapi/linux/ptrace.h>
+#define ASYNC_TASKS 0               /* pywalk.c: no task frame kept */
 #include "pyoffcpu.h"
 #include "crashes.h"
 

@@ -133,9 +133,8 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
         struct thread_t *th = threads.lookup(&tid);
         if (th)                     /* the new program's name */
             bpf_get_current_comm(&th->comm, sizeof(th->comm));
-#if !SYSTEM_WIDE
-        loop_wakes.perf_submit(ctx, &tgid, sizeof(tgid));
-#endif
+        if (!SYSTEM_WIDE)
+            loop_wakes.perf_submit(ctx, &tgid, sizeof(tgid));
     } else if (!ctl->discover) {
         return 0;
     }

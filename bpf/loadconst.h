@@ -39,6 +39,14 @@
 #define LC_INODE_SB_OFF         22
 #define LC_INODE_GEN_OFF        23
 #define LC_SB_DEV_OFF           24
+/* What the session turns on (1) or off (0); the verifier follows only the
+ * branch a value takes, so a feature that is off costs it nothing. */
+#define LC_KERNEL_STACKS        25  /* capture kernel stacks */
+#define LC_SYSTEM_WIDE          26  /* every process, not only those in `procs` */
+#define LC_WAKERS               27  /* --wakers */
+#define LC_ASYNC_TASKS          28  /* --async */
+#define LC_TIMELINE             29  /* --timeline */
+#define LC_NATIVE_UNWIND        30  /* .eh_frame tables (bpf/unwind.c); 0: frame pointers */
 
 #define LOAD_CONST(i) ({ unsigned long long __lc;                                  \
         asm volatile("%0 = %1 ll" : "=r"(__lc) : "i"(LOADCONST_MAGIC + (i)));     \
@@ -93,6 +101,24 @@
 #define INODE_SB_OFF LOAD_CONST(LC_INODE_SB_OFF)
 #define INODE_GEN_OFF LOAD_CONST(LC_INODE_GEN_OFF)
 #define SB_DEV_OFF LOAD_CONST(LC_SB_DEV_OFF)
+#endif
+#ifndef KERNEL_STACKS
+#define KERNEL_STACKS LOAD_CONST(LC_KERNEL_STACKS)
+#endif
+#ifndef SYSTEM_WIDE
+#define SYSTEM_WIDE LOAD_CONST(LC_SYSTEM_WIDE)
+#endif
+#ifndef WAKERS
+#define WAKERS LOAD_CONST(LC_WAKERS)
+#endif
+#ifndef ASYNC_TASKS
+#define ASYNC_TASKS LOAD_CONST(LC_ASYNC_TASKS)
+#endif
+#ifndef TIMELINE
+#define TIMELINE LOAD_CONST(LC_TIMELINE)
+#endif
+#ifndef NATIVE_UNWIND
+#define NATIVE_UNWIND LOAD_CONST(LC_NATIVE_UNWIND)
 #endif
 
 #endif

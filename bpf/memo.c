@@ -202,7 +202,6 @@ int unwind_tp(void *ctx)
     return 0;
 }
 
-#if WAKERS
 static __always_inline void wake_recorded(struct unwind_state *s);     /* pyoffcpu.bpf.c */
 
 /* Per waker thread: its last complete native walk at a wakeup, reused as
@@ -248,4 +247,3 @@ int unwind_wake(void *ctx)
     wake_recorded(s);
     return 0;
 }
-#endif

@@ -19,19 +19,18 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
             count_drop(DROP_USTACK);
     }
     key->nstack = 0;
-    if (kernel) {
-#if KERNEL_STACKS
+    if (kernel && KERNEL_STACKS) {
         key->kstack = kstacks.get_stackid(ctx, 0);
         if (key->kstack < 0 && key->kstack != -14)  /* -EFAULT: sampled in user mode */
             count_drop(DROP_KSTACK);
-#else
+    } else if (kernel) {
         key->kstack = -1;
-#endif
     }
     key->pystack = 0;
     struct proc_info *pi = procs.lookup(&tgid);
     if (!pi) {
-#if SYSTEM_WIDE
+        if (!SYSTEM_WIDE)
+            return;
         u64 *n = unregistered.lookup(&tgid);
         if (n) {
             __sync_fetch_and_add(n, 1);
@@ -40,7 +39,6 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
             if (unregistered.insert(&tgid, &one) == 0)
                 loop_wakes.perf_submit(ctx, &tgid, sizeof(tgid));
         }
-#endif
         return;
     }
     struct pystack *st = scratch.lookup(&slot);
@@ -63,9 +61,8 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
 
 static __always_inline int is_target(struct control_t *ctl, u32 tgid)
 {
-#if SYSTEM_WIDE
-    return tgid != ctl->self_tgid;
-#else
+    if (SYSTEM_WIDE)
+        return tgid != ctl->self_tgid;
     u32 n = ctl->ntargets;
     if (n > MAX_INLINE_TARGETS)
         return procs.lookup(&tgid) != 0;
@@ -77,7 +74,6 @@ static __always_inline int is_target(struct control_t *ctl, u32 tgid)
             return 1;
     }
     return 0;
-#endif
 }
 
 /* Add count events of ns to the key's entry.  A thread whose keys are held
@@ -241,7 +237,6 @@ static __always_inline void open_key(u32 tid, struct offcpu_start *st, struct st
     }
 }
 
-#if WAKERS
 /* A wait of tid that began at `from` ends: its waker, if it woke the thread
  * after the wait began (an older one woke an earlier wait). */
 static __always_inline void add_wake(u32 tid, u64 from, struct stack_key *key, u64 ns)
@@ -276,4 +271,3 @@ static __always_inline void add_wake(u32 tid, u64 from, struct stack_key *key, u
     __sync_fetch_and_add(&v->count, 1);
     __sync_fetch_and_add(&v->ns, ns);
 }
-#endif

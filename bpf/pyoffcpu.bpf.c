@@ -9,7 +9,7 @@
  * target thread's exact on-CPU time (threads), and sched_process_fork
  * registers the threads a target starts.
  *
- * Set by the loader with -D:
+ * Set by the loader at load time (bpf/loadconst.h), or with -D:
  *   TASK_FSBASE_OFF       offsetof(task_struct, thread.fsbase), from BTF
  *   TASK_PID_OFF, TASK_TGID_OFF   offsetof(task_struct, pid / tgid), from BTF
  *   TASK_EXEC_OFF         offsetof(task_struct, se.sum_exec_runtime), from BTF
@@ -71,21 +71,12 @@ BPF_PERCPU_ARRAY(scratch, struct pystack, 3);   /* 0: on-CPU program, 1: sched_s
 BPF_PERCPU_ARRAY(drops, u64, N_DROPS);
 BPF_PERCPU_ARRAY(drops_ns, u64, N_DROPS);
 BPF_PERF_OUTPUT(pystack_events);
-#ifndef WAKERS
-#define WAKERS 0
-#endif
-#if WAKERS
+/* --wakers (made with 1 entry without it) */
 BPF_HASH(last_waker, u32, struct waker_t, 65536);       /* wakee tid -> its last waker */
 BPF_HASH(wake_agg, struct wake_key, struct stack_value, 65536);
 /* Per CPU: how deep in interrupt handlers (0), and in timer expiries (1). */
 BPF_PERCPU_ARRAY(irq_depth, u32, 2);
-#endif
-#ifndef TIMELINE
-#define TIMELINE 0
-#endif
-#if TIMELINE
 BPF_PERF_OUTPUT(timeline);          /* struct timeline_event: --timeline */
-#endif
 /* Waits left out by --min-block-us / --max-block-us: 0 how many, 1 their ns. */
 BPF_PERCPU_ARRAY(block_filtered, u64, 2);
 /* The kernel's fold of ended threads (pyoffcpu.h, fold_exit). */
@@ -176,7 +167,8 @@ static __always_inline u32 gil_state(struct proc_info *pi, u64 tstate)
  * none.  pt_regs offsets from BTF (-DPT_REGS_*_OFF, with NATIVE_UNWIND). */
 static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp, u64 *bx)
 {
-#if NATIVE_UNWIND
+    if (!NATIVE_UNWIND)
+        return 0;
     struct task_struct *task = bpf_get_current_task_btf();
     u64 regs = bpf_task_pt_regs(task);
     if (!regs)
@@ -188,12 +180,8 @@ static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp, u64 *bx)
     err |= bpf_probe_read_kernel(bx, 8, (void *)(regs + PT_REGS_BX_OFF));
     err |= bpf_probe_read_kernel(&cs, 8, (void *)(regs + PT_REGS_CS_OFF));
     return err == 0 && (cs & 3) == 3;
-#else
-    return 0;
-#endif
 }
 
-#if TIMELINE
 /* --timeline: one wait (end: its switch-in) or on-CPU sample (end 0) of the
  * thread named comm, with its stack key, to user space.  A wait's waker is
  * the thread that woke it after it began (--wakers).  A full buffer loses
@@ -206,17 +194,14 @@ static __always_inline void timeline_send(void *ctx, struct stack_key *key, u64 
     ev.begin = begin;
     ev.end = end;
     __builtin_memcpy(ev.comm, comm, sizeof(ev.comm));
-#if WAKERS
-    struct waker_t *w = end ? last_waker.lookup(&key->tid) : 0;
+    struct waker_t *w = WAKERS && end ? last_waker.lookup(&key->tid) : 0;
     if (w && w->ts >= begin && w->kind == WAKER_TASK) {
         ev.wake_ts = w->ts;
         ev.waker_tgid = w->tgid;
         ev.waker_tid = w->tid;
     }
-#endif
     timeline.perf_submit(ctx, &ev, sizeof(ev));
 }
-#endif
 
 /* Inlined by the loader (session._bpf_source): bcc rewrites map calls such
  * as table.lookup() only in the main file. */

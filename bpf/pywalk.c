@@ -257,9 +257,7 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
      * same unknown values on every path through the loop body, and prunes. */
     win->below = ~(4095 & iframes);     /* 3.11+: from the frame's page start */
     win->lo = win->len = 0;
-#if ASYNC_TASKS
     u64 task_frame = 0;
-#endif
     u32 i;
     for (i = 0; i < MAX_PY_DEPTH; i++) {
         if (!f) {
@@ -306,13 +304,13 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
         pf->flags = flags;
         h = mix(h, code);
         h = mix(h, ((u64)flags << 32) | offset);
-#if ASYNC_TASKS
-        /* owner == FRAME_OWNED_BY_GENERATOR (1, 3.11+), without a branch:
-         * the last one met, walking outwards, is the task's coroutine */
-        u64 x = (u64)((owner ^ 1) & 0xff) | ~iframes;
-        u64 gen_mask = ((x | -x) >> 63) - 1;        /* all ones when x == 0 */
-        task_frame = (f & gen_mask) | (task_frame & ~gen_mask);
-#endif
+        if (ASYNC_TASKS) {
+            /* owner == FRAME_OWNED_BY_GENERATOR (1, 3.11+), without a branch:
+             * the last one met, walking outwards, is the task's coroutine */
+            u64 x = (u64)((owner ^ 1) & 0xff) | ~iframes;
+            u64 gen_mask = ((x | -x) >> 63) - 1;    /* all ones when x == 0 */
+            task_frame = (f & gen_mask) | (task_frame & ~gen_mask);
+        }
         f = prev;
     }
     if (f && i >= MAX_PY_DEPTH) {
@@ -325,10 +323,10 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
     if (i == 0)
         return 0;
     h = mix(h, st->flags);
-#if ASYNC_TASKS
-    st->task_frame = task_frame;
-    h = mix(h, task_frame);
-#endif
+    if (ASYNC_TASKS) {
+        st->task_frame = task_frame;
+        h = mix(h, task_frame);
+    }
     if (h == 0)
         h = 1;
     st->hash = h;

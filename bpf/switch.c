@@ -14,10 +14,9 @@
 static __always_inline u32 switch_targets(struct control_t *ctl, u32 prev_tid, u32 prev_tgid,
                                           u32 next_tgid)
 {
-#if SYSTEM_WIDE
-    return (prev_tid && prev_tgid != ctl->self_tgid ? SW_PREV : 0) |
-           (next_tgid && next_tgid != ctl->self_tgid ? SW_NEXT : 0);
-#else
+    if (SYSTEM_WIDE)
+        return (prev_tid && prev_tgid != ctl->self_tgid ? SW_PREV : 0) |
+               (next_tgid && next_tgid != ctl->self_tgid ? SW_NEXT : 0);
     u32 n = ctl->ntargets;
     u32 which = 0;
     if (__builtin_expect(n > MAX_INLINE_TARGETS, 0)) {
@@ -40,7 +39,6 @@ static __always_inline u32 switch_targets(struct control_t *ctl, u32 prev_tid, u
         }
     }
     return which;
-#endif
 }
 
 /* Raw tracepoint: args are (bool preempt, struct task_struct *prev,
@@ -175,11 +173,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         if (!(th->flags & (TH_RSEQ | TH_NO_RSEQ)))
             th->flags |= has_rseq() ? TH_RSEQ : TH_NO_RSEQ;
         th->wait_kind = kind;
-#if KERNEL_STACKS
-        th->wait_kstack = kstacks.get_stackid(ctx, 0);
-#else
-        th->wait_kstack = -1;
-#endif
+        th->wait_kstack = KERNEL_STACKS ? kstacks.get_stackid(ctx, 0) : -1;
         if (mode == OFFCPU_SAMPLED && !(th->flags & TH_NO_RSEQ))
             return 0;
     }

@@ -42,9 +42,6 @@
 
 #include "unwind_defs.h"
 
-#ifndef NATIVE_UNWIND
-#define NATIVE_UNWIND 0
-#endif
 /* Frames per program run.  The verifier's time grows with it (it follows
  * the loop once per frame): 8 took 0.64 s per program here, 4 takes ~0.3 s,
  * the longest part of a warm start; the run time per sample measured the
@@ -543,10 +540,10 @@ int unwind_perf(struct bpf_perf_event_data *ctx)
         unwind_store(s);
     }
     add_time(&s->key, SAMPLE_PERIOD_NS);
-#if TIMELINE
-    char comm[16];
-    bpf_get_current_comm(comm, sizeof(comm));
-    timeline_send(ctx, &s->key, bpf_ktime_get_ns(), 0, comm);
-#endif
+    if (TIMELINE) {
+        char comm[16];
+        bpf_get_current_comm(comm, sizeof(comm));
+        timeline_send(ctx, &s->key, bpf_ktime_get_ns(), 0, comm);
+    }
     return 0;
 }

@@ -85,13 +85,10 @@ static __always_inline void exact_close(void *ctx, struct control_t *ctl, struct
         return;
     add_time(&key, ns);
     th->off_ns += ns;
-#if WAKERS
-    add_wake(tid, st->ts, &key, ns);
-#endif
-#if TIMELINE
-    if (len >= ctl->timeline_min_ns)
+    if (WAKERS)
+        add_wake(tid, st->ts, &key, ns);
+    if (TIMELINE && len >= ctl->timeline_min_ns)
         timeline_send(ctx, &key, st->ts, now, th->comm);
-#endif
 }
 
 /* Slot i of the thread's KIND_SHORT totals kept in its entry goes to agg. */
@@ -302,10 +299,8 @@ static __always_inline void owed_recorded(struct unwind_state *s)
 {
     s->owed = 0;
     add_time(&s->key, s->owed_ns);
-#if WAKERS
-    if (!(s->key.kind & KIND_SHADOW))
+    if (WAKERS && !(s->key.kind & KIND_SHADOW))
         add_wake(s->key.tid, s->ts, &s->key, s->owed_ns);
-#endif
 }
 
 /* Attached to rseq_update (OFFCPU_SAMPLED and OFFCPU_SHADOW): the kernel

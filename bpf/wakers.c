@@ -1,7 +1,6 @@
 /* pyoffcpu.bpf.c's part: --wakers (sched_waking, and the interrupt
  * context it is told apart from).  Pasted into pyoffcpu.bpf.c by the loader. */
 
-#if WAKERS
 /* Interrupt context, per CPU: a wakeup inside it is not its `current`'s. */
 static __always_inline void irq_move(int which, int by)
 {
@@ -89,12 +88,10 @@ RAW_TRACEPOINT_PROBE(sched_waking)
         } else {
             key->tgid = tgid;
             key->tid = (u32)id;
-#if KERNEL_STACKS
-            key->kstack = kstacks.get_stackid(ctx, 0);
-#endif
+            if (KERNEL_STACKS)
+                key->kstack = kstacks.get_stackid(ctx, 0);
         }
     }
     wake_recorded(us);
     return 0;
 }
-#endif

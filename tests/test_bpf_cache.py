@@ -5,7 +5,9 @@ cache and one from a fresh compile have the same profile; a start from the
 cache maps no LLVM.  The cache is pointed at a temporary directory
 (PYOFFCPU_CACHE_DIR) throughout, and the BPF sources at a copy of bpf/
 (PYOFFCPU_BPF_DIR) taken once: bpf/ is edited while tests run, and an edit
-between two starts is rightly a miss."""
+between two starts is rightly a miss.  The copy is marked as one (a
+comment): the package's compiled programs (bpfobj/, test_shipped_bpf.py)
+are not for its source, so the starts here meet the cache."""
 import base64
 import contextlib
 import ctypes
@@ -36,6 +38,8 @@ def bpf_snapshot():
         atexit.register(shutil.rmtree, top, True)
         d = os.path.join(top, "bpf")
         shutil.copytree(BPF_DIR, d)
+        with open(os.path.join(d, "pyoffcpu.h"), "a") as f:
+            f.write("\n/* test_bpf_cache's copy: not the package's source */\n")
         _SNAPSHOT.append(d)
     return _SNAPSHOT[0]
 
@@ -214,14 +218,17 @@ def test_a_changed_source_or_flag_misses(tmp_path, monkeypatch, bpf, frozen_sour
     assert start() is False and len(compiles) == 2
     monkeypatch.setattr(setup, "bpf_source", source)
     assert start() is True and len(compiles) == 2
-    # the sampling period is set at load time (bpf/loadconst.h): no compile
+    # the sampling period and what the options turn on are set at load time
+    # (bpf/loadconst.h): no compile
     assert start(frequency=97) is True and len(compiles) == 2
-    assert start(kernel=True) is False and len(compiles) == 3       # -DKERNEL_STACKS
-    assert start(frequency=97) is True and len(compiles) == 3
+    assert start(kernel=True, wakers=True, async_tasks=True) is True and len(compiles) == 2
+    monkeypatch.setenv("PYOFFCPU_MEMO_VERIFY", "1")                  # a flag: compiled
+    assert start() is False and len(compiles) == 3
+    assert compiles[-1][-1] == "-DMEMO_VERIFY=1"
     assert len(entries(tmp_path)) == 3
 
 
-def test_the_key_covers_headers_and_bcc_not_the_kernel(tmp_path, monkeypatch):
+def test_the_key_covers_headers_and_bcc_not_the_kernel_or_where_the_headers_are(tmp_path, monkeypatch):
     inc = tmp_path / "bpf"
     shutil.copytree(BPF_DIR, inc)
     text = open(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")).read()
@@ -238,9 +245,15 @@ def test_the_key_covers_headers_and_bcc_not_the_kernel(tmp_path, monkeypatch):
     # another kernel is the same entry: its values are set at load time
     monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "h", "9.9.9", "#1", "x86_64")))
     assert progcache.cache_key(text, flags) == changed
-    # bcc's library
+    # the same headers elsewhere (the package installed in another place)
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(inc, moved)
+    assert progcache.cache_key(text, [f"-I{moved}", "-DX=1"]) == changed
+    # bcc's library: this machine's cache, not the package's source key
+    source = progcache.source_key(text, flags)
     monkeypatch.setattr(progcache, "_bcc_identity", lambda: "bcc 9.9")
     assert progcache.cache_key(text, flags) != changed
+    assert progcache.source_key(text, flags) == source
 
 
 # -- entries ----------------------------------------------------------------------------------------
@@ -418,14 +431,19 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
                 assert s.bpf[name].max_entries == info[3]
                 got[name] = info[3]
             return got
-    tables = setup.unwind_loader.tables_on(setup.unwind_loader.cflags(plat.BTF_PATH))
+    tables = setup.unwind_loader.load_consts(plat.BTF_PATH)["NATIVE_UNWIND"]
     assert sizes() == {"kstacks": 1, "ustacks": 4096 if tables else 32768, "threads": 16384,
                        "offcpu_start": 16384, "pystack_seen": 32768, "agg": 65536}
     assert compiles == []               # the recordings' entry, with other map sizes
     assert sizes(kernel=True)["kstacks"] == 16384
-    # only hash and stack maps, only smaller: an array's size bounds its indices
+    # hash and stack maps only smaller; an array only larger (the source
+    # indexes what it declares; a per-CPU buffer is sized to the CPUs)
     with pytest.raises(ValueError):
-        bpfload._resized({"maps": [{"name": "control", "type": 2, "max_entries": 1}]}, {"control": 1})
+        bpfload._resized({"maps": [{"name": "control", "type": 2, "max_entries": 2}]}, {"control": 1})
+    with pytest.raises(ValueError):
+        bpfload._resized({"maps": [{"name": "agg", "type": 1, "max_entries": 2}]}, {"agg": 3})
+    assert bpfload._resized({"maps": [{"name": "big", "type": 2, "max_entries": 1}]},
+                            {"big": 8})["maps"][0]["max_entries"] == 8
 
 
 def test_btf_offsets_are_remembered_and_a_bad_record_is_ignored(tmp_path):

@@ -4,12 +4,11 @@ import os
 import re
 import subprocess
 
-import pytest
 
 from conftest import env, pyoffcpu_cmd
 
 LINE = re.compile(r"^(ok|warn|FAIL)\s+([^:]+): (.+)$")
-NEEDED = ("privileges", "kernel BTF", "tracefs", "tracepoints", "kernel lockdown", "BPF", "perf events",
+NEEDED = ("privileges", "kernel", "kernel BTF", "tracefs", "tracepoints", "kernel lockdown", "BPF", "perf events",
           "bcc", "kernel headers", "BPF programs", "cache directory", "kernel.bpf_stats_enabled")
 
 
@@ -86,11 +85,46 @@ def _no_bcc(tmp_path):
     return {"PYTHONPATH": f"{fake.parent}{os.pathsep}{env()['PYTHONPATH']}"}
 
 
-def test_doctor_without_bcc_says_no_recording_works_and_a_recording_agrees(bpf, tmp_path):
-    """Issue 45's case: bcc not importable.  A program set compiled with bcc
-    is keyed by it, so the cache cannot serve: doctor says no recording
-    would work, and a recording in the same setup fails as it says."""
-    extra = _no_bcc(tmp_path)
+def _stale_package(tmp_path):
+    """The package's compiled programs made stale: the BPF sources pointed
+    at a copy of bpf/ with a comment added (PYOFFCPU_BPF_DIR), as a tree
+    whose bpf/ changed after `make bpf-objects` is; none shipped is for it."""
+    import shutil
+    from conftest import ROOT
+    d = tmp_path / "bpf"
+    shutil.copytree(os.path.join(ROOT, "bpf"), d)
+    with open(d / "pyoffcpu.h", "a") as f:
+        f.write("\n/* changed */\n")
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    return {"PYOFFCPU_BPF_DIR": str(d), "PYOFFCPU_CACHE_DIR": str(cache)}
+
+
+HIDE_HEADERS = f'mount -t tmpfs none /lib/modules/{os.uname().release} && exec "$@"'
+
+
+def test_doctor_without_bcc_or_headers_says_the_packages_programs_load_and_a_recording_agrees(bpf, tmp_path):
+    """Issue 45: bcc not importable, the kernel headers hidden (an empty
+    tmpfs over them in a mount namespace of its own), an empty cache: the
+    package's programs load, so both are not needed, and a recording in
+    the same setup works."""
+    extra = dict(_no_bcc(tmp_path), PYOFFCPU_CACHE_DIR=str(tmp_path))
+    hide = ("unshare", "-m", "--propagation", "private", "sh", "-c", HIDE_HEADERS, "sh")
+    res, rows = doctor(*hide, extra_env=extra)
+    assert res.returncode == 0 and not failed(rows), res.stdout + res.stderr
+    assert rows["BPF programs"][0][0] == "ok" and rows["BPF programs"][0][1].startswith("the package's")
+    assert rows["bcc"][0][0] == "ok" and "not needed" in rows["bcc"][0][1], res.stdout
+    assert rows["kernel headers"][0][0] == "ok" and "not needed" in rows["kernel headers"][0][1], res.stdout
+    rec = subprocess.run([*hide, *pyoffcpu_cmd("-p", str(os.getpid()), "-d", "0.5", "-o",
+                                               str(tmp_path / "o.folded"))],
+                         env=dict(env(), **extra), capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 0, rec.stderr
+
+
+def test_doctor_without_the_packages_programs_or_bcc_fails_and_a_recording_agrees(bpf, tmp_path):
+    """Stale shipped programs and no bcc: nothing loads, doctor says so, and
+    a recording in the same setup fails as it says."""
+    extra = dict(_no_bcc(tmp_path), **_stale_package(tmp_path))
     res, rows = doctor(extra_env=extra)
     assert res.returncode == 1, res.stdout
     assert rows["bcc"][0][0] == "warn" and rows["BPF programs"][0][0] == "FAIL", res.stdout
@@ -100,19 +134,24 @@ def test_doctor_without_bcc_says_no_recording_works_and_a_recording_agrees(bpf, 
     assert rec.returncode != 0 and "cannot load the BPF programs" in rec.stderr, rec.stderr
 
 
-def test_doctor_with_headers_hidden_and_an_empty_cache_fails(bpf, tmp_path):
-    """No kernel headers (an empty directory mounted over them in a mount
-    namespace of its own) and an empty program cache: nothing to load."""
-    release = os.uname().release
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    res, rows = doctor("unshare", "-m", "--propagation", "private", "sh", "-c",
-                       f'mount -t tmpfs none /lib/modules/{release} && exec "$@"', "sh",
-                       extra_env={"PYOFFCPU_CACHE_DIR": str(cache)})
+def test_doctor_without_the_packages_programs_or_headers_fails(bpf, tmp_path):
+    """Stale shipped programs, bcc there but no kernel headers: nothing to
+    load, nothing to compile with."""
+    res, rows = doctor("unshare", "-m", "--propagation", "private", "sh", "-c", HIDE_HEADERS, "sh",
+                       extra_env=_stale_package(tmp_path))
     assert res.returncode == 1, res.stdout + res.stderr
     assert rows["kernel headers"][0][0] == "warn" and rows["BPF programs"][0][0] == "FAIL", res.stdout
 
 
-def test_doctor_with_everything_says_programs_compile(bpf):
+def test_doctor_without_the_packages_programs_warns_that_bcc_compiles_them(bpf, tmp_path):
+    res, rows = doctor(extra_env=_stale_package(tmp_path))
+    assert res.returncode == 0, res.stdout
+    assert rows["BPF programs"][0][0] == "warn", res.stdout
+    assert "bcc compiles them at a recording's first start" in rows["BPF programs"][0][1], res.stdout
+
+
+def test_doctor_with_everything_says_the_packages_programs_load(bpf):
     res, rows = doctor()
-    assert rows["BPF programs"] == [("ok", "bcc compiles them at a recording's first start (then cached)")]
+    assert rows["BPF programs"][0][0] == "ok", res.stdout
+    assert re.match(r"the package's \(compiled when it was built\) load on this kernel: \d+ passed the "
+                    r"verifier in [\d.]+ s$", rows["BPF programs"][0][1]), res.stdout

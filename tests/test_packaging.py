@@ -1,6 +1,6 @@
 """pyoffcpu as a system tool: the .deb installed into a fresh Debian 12 root
-and used there, then purged; the wheel installed into a fresh venv over
-Debian's bcc, and used.
+and used there (no bcc, no kernel headers: the BPF programs ship compiled),
+then purged.  The wheel: test_wheel.py.
 
 The Debian 12 root is tools/build-chroot.sh's `bookworm` one (`make test`
 builds it, cached): minbase and systemd, with the packages the .deb depends
@@ -146,39 +146,6 @@ cat /var/lib/pyoffcpu/snapshots/mine.folded
     assert s["cache"].strip() == "root 700"
     assert "rc=0" in s["purge"] and "LEFT" not in s["purge"], s["purge"]
     assert s["purge"].strip().endswith("kept"), s["purge"]           # the snapshots stay
-
-
-def test_wheel_installs_into_a_venv_over_debians_bcc_and_records(tmp_path, bpf):
-    """`pip wheel .` and `pip install` of it into a fresh venv made with
-    --system-site-packages over Debian's python3-bpfcc: it records a process
-    with Python frames, and says the version every form says."""
-    wheels = tmp_path / "wheels"
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), ROOT],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    whl = next(wheels.glob("pyoffcpu-*-py3-none-any.whl"))
-    venv = tmp_path / "venv"
-    subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    res = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(whl)], capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    exe = str(venv / "bin" / "pyoffcpu")
-    from pyoffcpu import __version__
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True, cwd=str(tmp_path))
-    assert out.stdout.strip() == f"pyoffcpu, version {__version__}"
-    busy = tmp_path / "busy.py"
-    busy.write_text(BUSY)
-    spin_line = next(n for n, ln in enumerate(BUSY.splitlines(), 1) if "SPIN_LINE" in ln)
-    folded = tmp_path / "out.folded"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    res = subprocess.run([exe, "-d", "2", "-o", str(folded), "--", "/usr/bin/python3", str(busy), "4"],
-                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=env)
-    assert res.returncode == 0, res.stderr
-    text = folded.read_text()
-    assert re.search(rf"spin \([^;]*busy\.py:{spin_line}\)", text), text[:2000]
-    # the installed copy ran, not the source tree's
-    assert str(venv) in subprocess.run([str(venv / "bin" / "python"), "-c", "import pyoffcpu; print(pyoffcpu.__file__)"],
-                                       capture_output=True, text=True, cwd=str(tmp_path)).stdout
 
 
 def test_version_is_one_value_everywhere():

@@ -14,8 +14,9 @@ What it installs:
   /lib/systemd/system/pyoffcpu-snapshot.{service,timer}, pyoffcpu-crashes.service
                                                 shipped disabled
 Its scripts: postinst byte-compiles the package (py3compile), makes
-/var/cache/pyoffcpu root-only and links kernel headers for bcc where the
-running kernel has none (the links it makes are listed, to go at purge);
+/var/cache/pyoffcpu root-only and, where bcc is installed (suggested: the
+BPF programs ship compiled), links kernel headers for it where the running
+kernel has none (the links it makes are listed, to go at purge);
 prerm removes the byte-code; postrm purge removes /var/cache/pyoffcpu and
 those links, and leaves /var/lib/pyoffcpu (snapshots and crash reports).
 
@@ -37,8 +38,11 @@ sys.path.insert(0, os.path.join(ROOT, "pytool"))
 sys.path.insert(0, HERE)
 
 # Debian 12's versions are the floors the code is tested on (pyproject.toml's too)
-DEPENDS = ["python3 (>= 3.9)", "python3-bpfcc", "python3-pyelftools (>= 0.29)", "python3-click (>= 8.0)",
-           "python3-capstone (>= 4.0.2)", "linux-headers-amd64"]
+# (the BPF programs ship compiled, pyoffcpu/bpfobj/: bcc and the kernel headers
+# only compile them again for a kernel that refuses those: suggested)
+DEPENDS = ["python3 (>= 3.9)", "python3-pyelftools (>= 0.29)", "python3-click (>= 8.0)",
+           "python3-capstone (>= 4.0.2)"]
+SUGGESTS = ["python3-bpfcc", "linux-headers-amd64"]
 RECOMMENDS = ["zstd", "lz4"]        # dump --core of systemd-coredump's compressed cores
 UNITS = ("pyoffcpu-snapshot.service", "pyoffcpu-snapshot.timer", "pyoffcpu-crashes.service")
 
@@ -52,9 +56,13 @@ if [ "$1" = configure ]; then
     mkdir -p /var/cache/pyoffcpu
     chown root:root /var/cache/pyoffcpu
     chmod 0700 /var/cache/pyoffcpu
-    # headers bcc can compile against, when the running kernel has none
-    /usr/share/pyoffcpu/setup-kernel-headers /var/cache/pyoffcpu/kernel-header-links ||
-        echo "pyoffcpu: no kernel headers for bcc yet: \\`pyoffcpu doctor\\` says what to do" >&2
+    # headers bcc can compile against, when the running kernel has none: only
+    # where bcc is installed (suggested: the programs ship compiled, and bcc
+    # compiles them only for a kernel that refuses those)
+    if [ -d /usr/lib/python3/dist-packages/bcc ]; then
+        /usr/share/pyoffcpu/setup-kernel-headers /var/cache/pyoffcpu/kernel-header-links ||
+            echo "pyoffcpu: no kernel headers for bcc yet: \\`pyoffcpu doctor\\` says whether they are needed" >&2
+    fi
     if [ -d /run/systemd/system ]; then
         systemctl daemon-reload >/dev/null 2>&1 || true
     fi
@@ -194,6 +202,7 @@ def build(outdir: str) -> str:
             "Package: pyoffcpu", f"Version: {__version__}", "Architecture: all",
             "Maintainer: pyoffcpu <pyoffcpu@localhost>", f"Installed-Size: {size_kib}",
             "Depends: " + ", ".join(DEPENDS), "Recommends: " + ", ".join(RECOMMENDS),
+            "Suggests: " + ", ".join(SUGGESTS),
             "Section: devel", "Priority: optional",
             "Description: wall-clock profiler for Python programs and their native code (eBPF)",
             " pyoffcpu profiles running Python processes without stopping them: on-CPU",

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 from harness import fmt_num, fmt_range, markdown_table, spread, verdict
 
-from common import Proc, Results, Tools, Worker, log, starts
+from common import ROOT, Proc, Results, Tools, Worker, log, starts
 
 
 # -- case 6: startup and teardown ---------------------------------------------------------------------
@@ -28,8 +28,9 @@ def startup_case(tools: Tools, res: Results, runs: int, short_s: float, long_s: 
     """Warm and cold starts of `pyoffcpu -p PID --mode wall -d 1` (tools/startup.py
     measures each: first sample, `recording` line, peak RSS with and without
     children), py-spy's attach, where a warm start goes, and teardown."""
-    out = {"warm": [], "cold": [], "pyspy": [], "teardown": [], "runs": runs}
+    out = {"warm": [], "cold": [], "cold_bcc": [], "pyspy": [], "teardown": [], "runs": runs}
     env = cache_env(tools)
+    env_bcc = dict(env, PYOFFCPU_BPF_DIR=stale_bpf_copy(tools))
     folded = os.path.join(tools.outdir, "c6-start.folded")
     w = Worker(tools.python, "split")
     try:
@@ -47,11 +48,13 @@ def startup_case(tools: Tools, res: Results, runs: int, short_s: float, long_s: 
             res.errors.append(f"case 6 cache fill: {e}")
             log(f"case 6 cache fill: FAILED: {e}")
         for i in range(runs):
-            # warm and cold alternate (a cold run fills the cache again for the next warm one)
-            for cold in ((False, True) if i % 2 == 0 else (True, False)):
-                kind = "cold" if cold else "warm"
+            # warm and cold alternate (a cold run fills the cache again for the next warm one);
+            # cold_bcc: cold, with the package's programs not for the source (bcc compiles)
+            for kind in (("warm", "cold", "cold_bcc") if i % 2 == 0 else ("cold_bcc", "cold", "warm")):
+                cold = kind != "warm"
                 try:
-                    r = starts.start_run(tools.pyoffcpu, w.pid, folded, tools.cache_dir, cold, env=env)
+                    r = starts.start_run(tools.pyoffcpu, w.pid, folded, tools.cache_dir, cold,
+                                         env=env_bcc if kind == "cold_bcc" else env)
                     out[kind].append(_start_row(r))
                     log(f"case 6 {kind} start {i + 1}/{runs}: first sample {fmt_num(r['first'], 3)} s, "
                         f"recording line {fmt_num(r['recording'], 3)} s, VmHWM {r['hwm_mib']:.0f} MiB, "
@@ -172,6 +175,22 @@ def startup_breakdown(tools: Tools, env: Optional[Dict[str, str]] = None) -> Lis
 
 
 STARTUP_TARGETS = {"warm": 0.5, "cold": 3.0}    # issue 10: start to first sample, s
+COLD_RECORDING_S = 0.5                          # issue 45: cold start without bcc to `recording`
+
+
+def stale_bpf_copy(tools: Tools) -> str:
+    """A copy of the measured tree's bpf/ with a comment added: no shipped
+    program is for its source, so a start from it compiles with bcc (the
+    fallback; the cold start before issue 45)."""
+    import shutil
+    pythonpath = (tools.env or {}).get("PYTHONPATH")          # --tree / --rev: <tree>/pytool
+    src = os.path.join(os.path.dirname(pythonpath) if pythonpath else ROOT, "bpf")
+    d = os.path.join(tools.outdir, "bpf-stale")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(src, d)
+    with open(os.path.join(d, "pyoffcpu.h"), "a") as f:
+        f.write("\n/* the bench's copy: compiled with bcc */\n")
+    return d
 STARTUP_RSS_MIB = 120.0                         # issue 10: peak RSS with children, warm and cold
 TEARDOWN_S = 0.2                                # issue 10: SIGINT to file written
 
@@ -186,14 +205,15 @@ def _spread_row(what: str, measured: str, values, digits: int, target: Optional[
 def render_startup(s: dict, args) -> List[str]:
     out = ["## Startup and teardown (case 6)\n"]
     rows = []
-    for kind in ("warm", "cold"):
+    for kind in ("warm", "cold", "cold_bcc"):
         rs = s.get(kind) or []
         if not rs:
             continue
-        who = f"pyoffcpu -p PID --mode wall, {kind}"
+        who = f"pyoffcpu -p PID --mode wall, {kind.replace('_', ', compiled by ')}"
         rows.append(_spread_row(who, "start to first sample in the kernel map (s)", [r["first"] for r in rs], 3,
-                                STARTUP_TARGETS[kind], " s"))
-        rows.append(_spread_row(who, "start to `recording` line (s)", [r["recording"] for r in rs], 3))
+                                STARTUP_TARGETS.get(kind), " s"))
+        rows.append(_spread_row(who, "start to `recording` line (s)", [r["recording"] for r in rs], 3,
+                                COLD_RECORDING_S if kind == "cold" else None, " s"))
         rows.append(_spread_row(who, "peak RSS of pyoffcpu (VmHWM, MiB)", [r["hwm_mib"] for r in rs], 0))
         rows.append(_spread_row(who, "peak RSS with its children (ru_maxrss, MiB)", [r["maxrss_mib"] for r in rs],
                                 0, STARTUP_RSS_MIB, " MiB"))
@@ -213,10 +233,12 @@ def render_startup(s: dict, args) -> List[str]:
     out.append("Each start: `pyoffcpu -p PID --mode wall -d 1` on the split workload (two busy-ish Python "
                "threads), measured by tools/startup.py from the spawn. First sample: the bench polls a copy "
                "of pyoffcpu's `agg` map fd (pidfd_getfd) until it holds an entry. pyoffcpu runs with "
-               "PYOFFCPU_CACHE_DIR in the bench's temporary folder: warm, with the compiled programs in it "
-               "(filled by one untimed run first); cold, with its `bpf` folder (programs, BTF offsets) "
-               "removed before each run, so bcc compiles in a child, whose peak counts in ru_maxrss. Warm "
-               "and cold runs alternate.")
+               "PYOFFCPU_CACHE_DIR in the bench's temporary folder: warm, with it filled by one untimed "
+               "run first; cold, with its `bpf` folder (programs, BTF offsets) removed before each run. "
+               "Both load the programs the package ships (no bcc). cold, compiled by bcc: cold, with the "
+               "BPF sources a marked copy of bpf/ (PYOFFCPU_BPF_DIR), for which the package ships "
+               "nothing: bcc compiles in a child, whose peak counts in ru_maxrss (every cold start "
+               "before issue 45). The kinds alternate.")
     if s.get("breakdown"):
         out.append("")
         out.append("Where a warm start goes (one `pyoffcpu -p` start under cProfile, the cache filled; "

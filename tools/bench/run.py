@@ -107,7 +107,8 @@ from case_multi import multi_case, render_multi
 from case_server import (OWN_US_MAX, PER_REQUEST_US_MAX, per_request_rows, render_server, server_case,
                          server_summary)
 from case_slowdown import calibrate, pingpong_kind, slowdown_case
-from case_startup import STARTUP_RSS_MIB, STARTUP_TARGETS, TEARDOWN_S, render_startup, startup_case
+from case_startup import (COLD_RECORDING_S, STARTUP_RSS_MIB, STARTUP_TARGETS, TEARDOWN_S, render_startup,
+                          startup_case)
 from case_unwind import render_unwind, unwind_case
 
 
@@ -196,6 +197,13 @@ def targets_summary(res: Results) -> List[List[str]]:
                 lim = STARTUP_TARGETS[kind]
                 rows.append([f"case 6: {kind} start to first sample (s)", f"<= {lim:g}", fmt_num(m, 3),
                              verdict(m, lim)])
+        for kind, what, lim in (("cold", "cold start, no bcc (the package's programs)", COLD_RECORDING_S),
+                                ("cold_bcc", "cold start compiled by bcc (the fallback)", None)):
+            rs = res.startup.get(kind) or []
+            if rs:
+                m = median([r["recording"] for r in rs])
+                rows.append([f"case 6: {what}, to `recording` line (s)", f"<= {lim:g}" if lim else "—",
+                             fmt_num(m, 3), verdict(m, lim) if lim else ""])
         for kind in ("warm", "cold"):
             rs = res.startup.get(kind) or []
             if rs:

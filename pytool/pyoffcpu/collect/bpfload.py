@@ -1,16 +1,22 @@
-"""Loads the BPF programs, from a cache of what bcc compiled when it can.
+"""Loads the BPF programs: those compiled when the package was built, else
+this machine's cache of what bcc compiled, else bcc's compile now.
 
-bcc compiles the BPF C with clang at every start (seconds of CPU, and libbcc
-maps LLVM: ~65 MiB of RSS before anything is compiled).  What it produces is
-plain data: the instructions of each function after bcc's rewriting, whose
+bcc compiles the BPF C with clang (seconds of CPU, and libbcc maps LLVM:
+~65 MiB of RSS before anything is compiled, and it needs kernel headers).
+What it produces is plain data: the instructions of each function after bcc's rewriting, whose
 only references to this process are the maps' fds in `ld_imm64
 src_reg=BPF_PSEUDO_MAP_FD imm=<fd>`, and the maps' attributes and key/leaf
-type descriptions.  That is what the cache holds; on a hit nothing of bcc is
-imported: the maps are created, their fds patched into the instructions, the
+type descriptions.  That is what the package ships (bpfobj/, made by `make
+bpf-objects` with bcc, named by the sha256 of the source) and what the cache
+holds; loading one imports nothing of bcc and needs no headers: the maps are created, their fds patched into the instructions, the
 programs loaded (the kernel's verifier still runs) and attached with bpf(2)
 and perf_event_open(2) directly.
 
-On a miss bcc compiles the text, exactly as it did before the cache, in a
+The package's serve every kernel its verifier accepts them on: all that
+depends on the kernel (its structs' offsets, from BTF), on the machine (its
+CPUs: the perf event arrays are sized at load) and on the recording's
+options is set at load time (bpf/loadconst.h).  Where they are refused, or
+were built from another bpf/ (a changed tree), bcc compiles the text in a
 child process (the compiler's memory leaves with it) that hands back the same
 data; the entry is written and the programs are loaded from it the same way.
 
@@ -32,38 +38,31 @@ before the verifier sees them, so one entry serves every kernel.  A file
 that is truncated, corrupt or for another key is compiled again, with a
 one-line notice; so is one the verifier refuses.
 
-The pieces: bpfsys.py (the system calls), tables.py (the maps as bcc shows
-them), progcache.py (the cache's key and files, and bcc's compile); here,
-the Program they make up and load().
+The pieces: bpfsys.py (the system calls), perfring.py (the perf buffers'
+rings, read in Python), tables.py (the maps as bcc shows them), progcache.py
+(the cache's key and files, and bcc's compile); here, the Program they make
+up and load().
 """
 from __future__ import annotations
 
 import base64
-import ctypes
 import fcntl
 import json
 import os
-import select
 import struct
 import threading
-import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..kernel.bpfsys import (AUTOLOAD_PREFIX, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE, BpfError, Function,
+from ..kernel.bpfsys import (AUTOLOAD_PREFIX, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH,
+                     BPF_MAP_TYPE_PERF_EVENT_ARRAY, BPF_MAP_TYPE_STACK_TRACE, BpfError, Function,
                      KPROBE, PERF_EVENT, PERF_EVENT_IOC_DISABLE, PERF_EVENT_IOC_ENABLE,
                      PERF_EVENT_IOC_SET_BPF, RAW_TRACEPOINT, TRACEPOINT, map_create, online_cpus,
-                     perf_event_open, prog_load, raw_tracepoint_open)
+                     perf_event_open, possible_cpus, prog_load, raw_tracepoint_open)
 from .progcache import (CacheError, cache_key, check_entry, compile_in_child, default_cache_dir, one_line,
-                        patch_consts, read_entry, safe_dir, write_entry)
-from .tables import TABLE_TYPES, Table, check_sizes, ctype_of, lib_bpf
+                        patch_consts, read_entry, safe_dir, shipped_entry, write_entry)
+from ..kernel.perfring import PerfBuffers
+from .tables import TABLE_TYPES, Table, check_sizes, ctype_of
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _EpollEvent(ctypes.Structure):
-    """struct epoll_event (packed on x86-64)."""
-    _pack_ = 1
-    _fields_ = [("events", ctypes.c_uint32), ("data", ctypes.c_uint64)]
 
 # -- the loaded programs ----------------------------------------------------------------------------
 def _b(name) -> bytes:
@@ -75,20 +74,17 @@ class Program:
 
     KPROBE, TRACEPOINT, PERF_EVENT, RAW_TRACEPOINT = KPROBE, TRACEPOINT, PERF_EVENT, RAW_TRACEPOINT
     Function = Function
+    _perf: Optional[PerfBuffers] = None     # the perf buffers, from the first one opened
 
     def __init__(self, entry: dict, log_level: int = 0, consts: Optional[Dict[str, int]] = None):
         self.entry = entry
         self.consts = dict(consts or {})    # the load-time constants (bpf/loadconst.h)
         self.log_level = log_level
-        self.from_cache = False
+        self.origin = "compiled"        # or "package" (shipped), "cache" (this machine's)
         self.funcs: Dict[bytes, Function] = {}
         self.tables: Dict[bytes, Table] = {}
         self.raw_tracepoint_fds: Dict[bytes, int] = {}
         self.open_perf_events: Dict[tuple, Dict[int, int]] = {}
-        self._perf_buffers: list = []
-        self._waiter = -1               # epoll set of the perf buffers, when several
-        self._waited = 0                # ... how many of them it holds
-        self._unwaited: set = set()     # buffers read at each poll that never end its wait
         self._specs = {m["name"]: m for m in entry["maps"]}
         self._progs = {p["name"]: p for p in entry["programs"]}
         self._map_fds: Dict[str, int] = {}
@@ -103,6 +99,11 @@ class Program:
         except OSError as e:
             self.cleanup()
             raise BpfError(f"cannot create BPF map {m['name']}: {e.strerror}") from None
+
+    @property
+    def from_cache(self) -> bool:
+        """Loaded without a compile (from the package or the cache)."""
+        return self.origin != "compiled"
 
     # -- programs
     def _insns(self, name: str) -> bytes:
@@ -238,49 +239,17 @@ class Program:
                 pass
             os.close(fd)
 
-    def perf_buffer_poll(self, timeout: int = -1):
-        if not self._perf_buffers:
-            if timeout > 0:
-                time.sleep(timeout / 1000)
-            return
-        lib = lib_bpf()
-        if len(self._perf_buffers) == 1:
-            lib.perf_buffer__poll(self._perf_buffers[0][0], timeout)
-            return
-        # several: a wait on all of them at once (one epoll set holding each
-        # buffer's epoll fd), then each one read whole; a wait on the first
-        # alone would leave the others' records unread until it ends.  (The
-        # wait takes the per-CPU buffers' readiness, which perf_buffer__poll
-        # would wait for: perf_buffer__consume reads every CPU's buffer
-        # regardless.)  The wait is libc's epoll_wait, which a signal ends
-        # (EINTR), as it ends perf_buffer__poll's: Python's select retries
-        # it, and a Ctrl-C would wait out the timeout.
-        self.wait_on_buffers()
-        # what is there already is read without waiting (a record that came
-        # before the epoll set was made has woken no one)
-        ready = sum(max(lib.perf_buffer__poll(pb, 0), 0) for pb, _, _ in self._perf_buffers
-                    if pb not in self._unwaited)
-        if self._waiter >= 0 and not ready:
-            ev = _EpollEvent()
-            _libc.epoll_wait(self._waiter, ctypes.byref(ev), 1, timeout)
-        for pb, _, _ in self._perf_buffers:
-            lib.perf_buffer__consume(pb)
+    def perf_buffers(self) -> PerfBuffers:
+        """The perf buffers of the maps (PerfEventArray.open_perf_buffer), this Program's."""
+        if self._perf is None:
+            self._perf = PerfBuffers()
+        return self._perf
 
-    def wait_on_buffers(self):
-        """The perf buffers opened so far in the epoll set perf_buffer_poll
-        waits on (made with the second buffer, so a record that comes
-        before the first poll wakes it too)."""
-        if len(self._perf_buffers) < 2:
-            return
-        if self._waiter < 0:
-            self._waiter, self._waited = _libc.epoll_create1(os.O_CLOEXEC), 0
-        lib = lib_bpf()
-        for pb, _, _ in self._perf_buffers[self._waited:] if self._waiter >= 0 else ():
-            self._waited += 1
-            if pb in self._unwaited:
-                continue
-            ev = _EpollEvent(select.EPOLLIN, 0)
-            _libc.epoll_ctl(self._waiter, 1, lib.perf_buffer__epoll_fd(pb), ctypes.byref(ev))
+    def perf_buffer_poll(self, timeout: int = -1):
+        """The records of every perf buffer, read (kernel/perfring.py
+        PerfBuffers.poll): at once if some are there, else after a wait of
+        up to timeout ms (-1: forever) that a record or a signal ends."""
+        self.perf_buffers().poll(timeout)
 
     # -- maps
     def __getitem__(self, name):
@@ -306,14 +275,9 @@ class Program:
             os.close(self.raw_tracepoint_fds.pop(tp))
         for ev in list(self.open_perf_events):
             self.detach_perf_event(*ev)
-        if self._perf_buffers:
-            lib = lib_bpf()
-            for pb, _, _ in self._perf_buffers:
-                lib.perf_buffer__free(pb)
-            if self._waiter >= 0:
-                os.close(self._waiter)
-                self._waiter = -1
-            self._perf_buffers = []
+        if self._perf is not None:
+            self._perf.close()
+            self._perf = None
         for name in list(self.funcs):
             os.close(self.funcs.pop(name).fd)
         for name in list(self._map_fds):
@@ -327,10 +291,11 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
          notices: Optional[List[str]] = None, cache_dir: Optional[str] = "default",
          log_level: int = 0, sizes: Optional[Dict[str, int]] = None,
          consts: Optional[Dict[str, int]] = None,
-         meanwhile: Optional[Callable[["Program"], None]] = None) -> Program:
-    """The programs of text compiled with cflags, from the cache or from bcc,
-    with every raw_tracepoint__<tp> function attached except the tps in
-    skip, and the (function, program type) pairs of preload and optional
+         meanwhile: Optional[Callable[["Program"], None]] = None, may_compile: bool = True) -> Program:
+    """The programs of text compiled with cflags: the package's (shipped),
+    else this machine's cache, else compiled by bcc (may_compile=False: not;
+    BpfError instead), with every raw_tracepoint__<tp> function attached
+    except the tps in skip, and the (function, program type) pairs of preload and optional
     loaded too, all at once (the verifier takes most of a start: in parallel
     they take the time of the slowest where there are cores enough).  A
     failure of an optional program is kept for load_func to raise.  sizes
@@ -345,6 +310,36 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
     while the verifier runs (load_funcs_parallel).  Raises BpfError (one
     line) or what bcc raises on a miss."""
     notices = notices if notices is not None else []
+    start = (skip, preload, optional, log_level, sizes, meanwhile, consts)
+    refused = None
+    try:
+        entry = shipped_entry(text, cflags)
+    except CacheError as e:
+        notices.append(f"BPF programs shipped in the package: {e}; compiled with bcc")
+        entry = None
+    if entry is not None:
+        try:
+            prog = _start(entry, *start)
+            prog.origin = "package"
+            return prog
+        except Exception as e:                          # noqa: BLE001 (compiled below)
+            if "super-user" in str(e):
+                raise
+            refused = one_line(e)
+            notices.append(f"the BPF programs shipped in the package did not load on this kernel "
+                           f"({refused}); compiled with bcc")
+    try:
+        return _cached_or_compiled(text, cflags, cache_dir, notices, start, may_compile)
+    except BpfError as e:
+        if refused and "not installed" in str(e):
+            raise BpfError(f"the shipped programs did not load on this kernel ({refused}), and {e} "
+                           "to compile them for it") from None
+        raise
+
+
+def _cached_or_compiled(text, cflags, cache_dir, notices, start, may_compile=True) -> Program:
+    """The programs from this machine's cache, else compiled with bcc (and
+    cached)."""
     directory = default_cache_dir() if cache_dir == "default" else cache_dir
     key = cache_key(text, cflags) if directory else None
     path = os.path.join(directory, key + ".bpf") if key else None
@@ -358,28 +353,41 @@ def load(text: str, cflags: Sequence[str], *, skip: Iterable[str] = (),
             notices.append(f"BPF program cache {path}: {e}; compiled again")
     if entry is not None:
         try:
-            prog = _start(entry, skip, preload, optional, log_level, sizes, meanwhile, consts)
-            prog.from_cache = True
+            prog = _start(entry, *start)
+            prog.origin = "cache"
             return prog
         except Exception as e:                          # noqa: BLE001 (compiled again below)
+            if not may_compile:
+                raise BpfError(f"the cache's ({path}) did not load ({one_line(e)})") from None
             notices.append(f"BPF programs from the cache {path} did not load ({one_line(e)}); "
                            "compiled again")
+    if not may_compile:
+        raise BpfError("none compiled for this source, in the package or the cache")
     entry = compile_in_child(text, cflags)
     entry["key"] = key
     check_entry(entry, key)
-    prog = _start(entry, skip, preload, optional, log_level, sizes, meanwhile, consts)
+    prog = _start(entry, *start)
     if path:
         write_entry(directory, path, entry)
     return prog
 
 
-RESIZABLE = (BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_STACK_TRACE)   # made smaller
-MAX_ARRAY_ENTRIES = 1 << 16     # an array (its index checked at each lookup) may be made larger
+RESIZABLE = (BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_STACK_TRACE)   # made smaller
+MAX_ARRAY_ENTRIES = 1 << 16     # an array (its index checked at each lookup) may be made larger,
+                                # never smaller (the source indexes what it declares)
 
 
 def _resized(entry: dict, sizes: Optional[Dict[str, int]]) -> dict:
-    """entry with the maps of sizes made that many entries (the cached entry
-    itself is left as it is)."""
+    """entry with the maps of sizes made that many entries, and each perf
+    event array one per possible CPU of this machine (bcc sizes them for
+    the machine that compiled them); the entry itself is left as it is."""
+    sizes = dict(sizes or {})
+    ncpus = None
+    for m in entry["maps"]:
+        if m["type"] == BPF_MAP_TYPE_PERF_EVENT_ARRAY and m["name"] not in sizes:
+            ncpus = ncpus or max(possible_cpus()) + 1
+            if m["max_entries"] != ncpus:
+                sizes[m["name"]] = ncpus
     if not sizes:
         return entry
     maps = []
@@ -387,7 +395,8 @@ def _resized(entry: dict, sizes: Optional[Dict[str, int]]) -> dict:
         n = sizes.get(m["name"])
         if n is not None:
             if not (m["type"] in RESIZABLE and 0 < n <= m["max_entries"]
-                    or m["type"] == BPF_MAP_TYPE_ARRAY and 0 < n <= MAX_ARRAY_ENTRIES):
+                    or m["type"] == BPF_MAP_TYPE_ARRAY and m["max_entries"] <= n <= MAX_ARRAY_ENTRIES
+                    or m["type"] == BPF_MAP_TYPE_PERF_EVENT_ARRAY and 0 < n <= MAX_ARRAY_ENTRIES):
                 raise ValueError(f"map {m['name']}: cannot be given {n} entries")
             m = dict(m, max_entries=n)
         maps.append(m)

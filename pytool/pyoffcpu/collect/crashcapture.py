@@ -70,6 +70,11 @@ _BPF_ENABLE_STATS, _BPF_STATS_RUN_TIME = 32, 0
 _T = bpfdefs.struct_type
 
 
+def program_source() -> Tuple[str, List[str]]:
+    """(the BPF text, its flags) of the crash watcher's programs."""
+    return bpf_source(os.path.join(BPF_DIR, "crashes.bpf.c")), [f"-I{BPF_DIR}"]
+
+
 class Birth(NamedTuple):
     """A process born (bpf/crashes.h crash_birth)."""
     kind: int                   # CR_BIRTH_EXEC, CR_BIRTH_FORK
@@ -233,7 +238,7 @@ class CrashCapture:
                   "PT_REGS_CS_OFF": self._reg_offs["cs"],
                   **{macro: task[field] for field, macro in EXE_FIELDS.items()}}
         self.notices: List[str] = []
-        self.bpf = bpfload.load(bpf_source(os.path.join(BPF_DIR, "crashes.bpf.c")), [f"-I{BPF_DIR}"],
+        self.bpf = bpfload.load(*program_source(),
                                 preload=[(n, bpfsys.RAW_TRACEPOINT) for n in
                                          ("crash_signal", "crash_py", "crash_code", "crash_other")],
                                 notices=self.notices, cache_dir=cache_dir, consts=consts,
@@ -359,17 +364,15 @@ class CrashCapture:
         for p in self._pending.values():    # which capture lost them is not known: every open one
             p.lossy = True
 
-    def _on_birth(self, cpu, data, size) -> None:
-        b = _T("crash_birth").from_buffer_copy(ctypes.string_at(data, size).ljust(
-            ctypes.sizeof(_T("crash_birth")), b"\0"))
+    def _on_birth(self, cpu: int, data: bytes) -> None:
+        b = _T("crash_birth").from_buffer_copy(data.ljust(ctypes.sizeof(_T("crash_birth")), b"\0"))
         self.births.append(Birth(b.kind, b.pid, b.parent, b.ts, (b.exe.dev, b.exe.ino, b.exe.generation)))
 
     def _on_births_lost(self, count: int) -> None:
         self.births_lost += count
 
-    def _on_record(self, cpu, data, size) -> None:
-        raw = ctypes.string_at(data, size)
-        hdr = _T("crash_hdr").from_buffer_copy(raw[:ctypes.sizeof(_T("crash_hdr"))])
+    def _on_record(self, cpu: int, raw: bytes) -> None:
+        hdr = _T("crash_hdr").from_buffer_copy(raw.ljust(ctypes.sizeof(_T("crash_hdr")), b"\0"))
         key = (hdr.id, hdr.tid)
         p = self._pending.get(key)
         if p is None:
@@ -387,7 +390,8 @@ class CrashCapture:
                 p.others.append(py)
         elif hdr.kind == CR_MEM:
             off = _T("crash_mem").data.offset
-            addr = struct.unpack_from("<Q", raw, _T("crash_mem").addr.offset)[0]
+            addr = struct.unpack_from("<Q", raw.ljust(_T("crash_mem").addr.offset + 8, b"\0"),
+                                      _T("crash_mem").addr.offset)[0]
             p.memory.append((addr, raw[off:off + hdr.len]))
         elif hdr.kind == CR_END:
             p.end = _T("crash_end").from_buffer_copy(raw.ljust(ctypes.sizeof(_T("crash_end")), b"\0"))

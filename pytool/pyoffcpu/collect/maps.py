@@ -106,14 +106,15 @@ def delete_all(table, keys) -> None:
         delete_each(table, keys)
 
 
-def map_sizes(o: Options, tables: bool) -> Dict[str, int]:
+def map_sizes(o: Options, tables: bool, features: Dict[str, int]) -> Dict[str, int]:
     """Entries of the big BPF maps this session needs, below what the source
     gives (its sizes are for -a): the kernel reserves a preallocated map
     whole, ~100 MiB for all of them.  A map that fills counts a drop, named
-    in the drops line."""
+    in the drops line.  features: the programs' (sessionsetup.features);
+    the maps of one that is off are never written, and made 1 entry."""
     sizes = {}
-    if not o.kernel:
-        sizes["kstacks"] = 1            # never written: KERNEL_STACKS=0
+    if not features["KERNEL_STACKS"]:
+        sizes["kstacks"] = 1
     if tables:
         sizes["ustacks"] = 4096         # frame-pointer stacks: only where a process has no tables
     if not o.system_wide:
@@ -121,6 +122,8 @@ def map_sizes(o: Options, tables: bool) -> Dict[str, int]:
         # and those of them blocked now
         sizes["threads"] = sizes["offcpu_start"] = 16384
         sizes["pystack_seen"] = 32768   # full: a stack is sent again, not lost
+    if not features["WAKERS"]:
+        sizes["last_waker"] = sizes["wake_agg"] = sizes["wake_memo"] = 1
     return sizes
 
 

@@ -93,15 +93,17 @@ def _bcc_identity() -> str:
     return "\n".join(out)
 
 
-def cache_key(text: str, cflags: Sequence[str]) -> Optional[str]:
-    """The sha256 of everything bcc's compile of text with cflags depends
-    on: the text, the flags, the files of the -I directories, bcc, FORMAT.
-    Not the kernel: what the programs need of it (its structs' offsets,
-    what its tracepoints pass) is set at load time (bpf/loadconst.h), and
-    the types they are compiled with are the kernel's user-space ABI (the
-    tracepoint and perf-event context structs, `struct pt_regs` only by
-    offsets), which a new kernel keeps.  An entry then serves every kernel
-    the verifier accepts it on; one that does not load is compiled again."""
+def source_key(text: str, cflags: Sequence[str]) -> str:
+    """The sha256 of the source of a compile of text with cflags: the text,
+    the flags (an -I directory by its files, not its path: the package's
+    bpf/ is the same files wherever it is installed), FORMAT.  The key of
+    the entries shipped in the package (shipped_entry).  Not the kernel:
+    what the programs need of it (its structs' offsets, what its
+    tracepoints pass) is set at load time (bpf/loadconst.h), and the types
+    they are compiled with are the kernel's user-space ABI (the tracepoint
+    and perf-event context structs, `struct pt_regs` only by offsets),
+    which a new kernel keeps.  An entry then serves every kernel the
+    verifier accepts it on."""
     h = hashlib.sha256()
 
     def part(tag: str, data) -> None:
@@ -110,17 +112,56 @@ def cache_key(text: str, cflags: Sequence[str]) -> Optional[str]:
     part("format", FORMAT)
     part("text", text)
     for f in cflags:
-        part("cflag", f)
-    for f in cflags:
-        if f.startswith("-I") and os.path.isdir(f[2:]):
-            d = f[2:]
-            for name in sorted(os.listdir(d)):
-                p = os.path.join(d, name)
-                if name.endswith((".h", ".c")) and os.path.isfile(p):
-                    with open(p, "rb") as fh:
-                        part("include " + name, fh.read())
-    part("bcc", _bcc_identity())
+        if not f.startswith("-I"):
+            part("cflag", f)
+            continue
+        part("cflag", "-I")
+        d = f[2:]
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else ():
+            p = os.path.join(d, name)
+            if name.endswith((".h", ".c")) and os.path.isfile(p):
+                with open(p, "rb") as fh:
+                    part("include " + name, fh.read())
     return h.hexdigest()
+
+
+def cache_key(text: str, cflags: Sequence[str]) -> str:
+    """The key of this machine's cache entries: the source's (source_key)
+    and the bcc that compiled it."""
+    h = hashlib.sha256(source_key(text, cflags).encode() + b"\0")
+    h.update(_bcc_identity().encode())
+    return h.hexdigest()
+
+
+# -- the entries shipped in the package (make bpf-objects) --------------------------------------------
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bpfobj")
+MAX_SHIPPED_BYTES = 16 << 20
+
+
+def shipped_path(key: str, directory: Optional[str] = None) -> str:
+    return os.path.join(directory or SHIPPED_DIR, key + ".bpf")
+
+
+def shipped_entry(text: str, cflags: Sequence[str], directory: Optional[str] = None) -> Optional[dict]:
+    """The package's compile of text with cflags (tools/build_bpf_objects.py
+    made it from bpf/ when the package was built), or None: none for this
+    source (a tree whose bpf/ changed since, or flags no build ships).
+    Raises CacheError for one that is there and cannot be used.  Read like
+    the rest of the package's files: whoever can write them runs this code."""
+    path = shipped_path(source_key(text, cflags), directory)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SHIPPED_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CacheError(f"{path}: unreadable ({e.strerror})") from None
+    if len(data) > MAX_SHIPPED_BYTES:
+        raise CacheError(f"{path}: over {MAX_SHIPPED_BYTES >> 20} MiB")
+    try:
+        return parse(data, os.path.basename(path)[:-4])
+    except CacheError as e:
+        raise CacheError(f"{path}: {e}") from None
 
 
 # -- cache files --------------------------------------------------------------------------------------
@@ -294,7 +335,7 @@ def _dump(b, lib) -> dict:
     progs = []
     for i in range(lib.bpf_num_functions(mod)):
         fname = lib.bpf_function_name(mod, i)
-        code = b.dump_func(fname)
+        code = bytearray(b.dump_func(fname))
         refs = []
         for j in range(len(code) // 8):
             op, regs = code[j * 8], code[j * 8 + 1]
@@ -304,9 +345,12 @@ def _dump(b, lib) -> dict:
                     raise BpfError(f"{fname.decode()}: an ld_imm64 (src_reg {regs >> 4}) that is "
                                    "no map of this module")
                 refs.append([j, by_fd[imm]])
+                # the fd is this compile's (the loader writes its own): 0, so
+                # that a compile is the same bytes whatever fds were open
+                struct.pack_into("<i", code, j * 8 + 4, 0)
         consts = [[j, name] for j in range(len(code) // 8 - 1)
                   for name in [load_const_at(code, j)] if name]
-        progs.append({"name": fname.decode(), "insns": base64.b64encode(code).decode(),
+        progs.append({"name": fname.decode(), "insns": base64.b64encode(bytes(code)).decode(),
                       "maps": refs, "consts": consts})
     return {"format": FORMAT, "license": lib.bpf_module_license(mod).decode(),
             "kern_version": int(lib.bpf_module_kern_version(mod)), "maps": maps,

@@ -80,7 +80,7 @@ class Session(SessionSetup):
         self.stop_reason: Optional[str] = None
         self.bpf = None
         self.unwinder: Optional[unwind_loader.NativeUnwinder] = None
-        self._unwind_cflags: List[str] = []
+        self._unwind_tables = False     # native stacks from .eh_frame tables (load_consts)
         self.native_ids: Dict[object, int] = {}   # native stack hash -> id in rec.ustacks
         self._start_ns = 0
         self._end_ns = 0
@@ -106,14 +106,15 @@ class Session(SessionSetup):
 
     # -- set up -------------------------------------------------------------
     # -- events ---------------------------------------------------------------
-    def _on_loop_wake(self, cpu, data, size):
+    def _on_loop_wake(self, cpu: int, data: bytes):
         """-a: a process sampled before it was registered; else a target
         that exec'd (its tgid): Targets.poll looks at it now."""
-        if self.targets is not None:
-            self.targets.woken.append(ctypes.cast(data, ctypes.POINTER(ctypes.c_uint32)).contents.value)
+        if self.targets is not None and len(data) >= 4:
+            self.targets.woken.append(struct.unpack_from("<I", data)[0])
 
-    def _on_pystack(self, cpu, data, size):
-        raw = ctypes.cast(data, ctypes.POINTER(pystack_type())).contents
+    def _on_pystack(self, cpu: int, data: bytes):
+        t = pystack_type()
+        raw = t.from_buffer_copy(data.ljust(ctypes.sizeof(t), b"\0"))     # (short: zeros after it)
         n = min(raw.depth, len(raw.frames))
         frames = [(raw.frames[i].code, raw.frames[i].offset, raw.frames[i].flags) for i in range(n)]
         tgt = self.targets.get(raw.tgid)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
@@ -20,20 +20,25 @@ from ..targets.processes import Targets
 from ..targets.selection import Select
 
 
-def compile_flags(o) -> List[str]:
-    """The -D and -I flags the programs of a recording with options o are
-    compiled with (the unwinder's are unwind_loader.cflags): what it turns
-    on, nothing of the kernel's (load_consts)."""
-    return [
-        f"-I{BPF_DIR}",
-        f"-DKERNEL_STACKS={1 if o.kernel else 0}",
-        f"-DSYSTEM_WIDE={1 if o.every_process else 0}",
-        f"-DWAKERS={int(o.wakers and o.mode in ('wall', 'off'))}",
-        f"-DASYNC_TASKS={int(o.async_tasks)}",
-        f"-DTIMELINE={int(bool(o.timeline) and o.mode != 'cpu')}",
-        # tests: every switch memo hit walked all the same and compared (bpf/memo.c)
-        f"-DMEMO_VERIFY={int(os.environ.get('PYOFFCPU_MEMO_VERIFY') == '1')}",
-    ]
+def compile_flags() -> List[str]:
+    """The flags the programs are compiled with: the same for every
+    recording, whose options and kernel are load-time constants
+    (load_consts); the package ships that compile (bpfload).  The tests'
+    PYOFFCPU_MEMO_VERIFY=1 makes another, compiled on the spot."""
+    flags = [f"-I{BPF_DIR}"]
+    if os.environ.get("PYOFFCPU_MEMO_VERIFY") == "1":
+        # every switch memo hit walked all the same and compared (bpf/memo.c)
+        flags.append("-DMEMO_VERIFY=1")
+    return flags
+
+
+def features(o) -> Dict[str, int]:
+    """What a recording with options o turns on in the programs (their
+    load-time constants KERNEL_STACKS ... TIMELINE, bpf/loadconst.h)."""
+    return {"KERNEL_STACKS": int(bool(o.kernel)), "SYSTEM_WIDE": int(bool(o.every_process)),
+            "WAKERS": int(bool(o.wakers) and o.mode in ("wall", "off")),
+            "ASYNC_TASKS": int(bool(o.async_tasks)),
+            "TIMELINE": int(bool(o.timeline) and o.mode != "cpu")}
 
 
 def load_consts(o, p) -> Dict[str, int]:
@@ -53,23 +58,15 @@ def load_consts(o, p) -> Dict[str, int]:
             "EXIT_GROUP_DEAD": int(p.exit_group_dead), "TASK_RSEQ_OFF": p.task_rseq_offset,
             "SAMPLE_PERIOD_NS": int(1e9 // o.frequency),
             "SYS_REGS_AX_OFF": ax, "SYS_REGS_ORIG_AX_OFF": orig_ax, "SYS_REGS_CS_OFF": cs,
-            **unwind_loader.load_consts(BTF_PATH)}
+            **features(o), **unwind_loader.load_consts(BTF_PATH)}
 
 
-def program_source(o, p) -> Tuple[str, List[str], List[str]]:
-    """(the BPF text, all its flags, the unwinder's part of them) a recording
-    with options o compiles on platform p."""
-    from .platform import BTF_PATH
-    unwind = unwind_loader.cflags(BTF_PATH)
-    return bpf_source(os.path.join(BPF_DIR, "pyoffcpu.bpf.c")), compile_flags(o) + unwind, unwind
+MAIN_PROGRAM = "pyoffcpu.bpf.c"
 
 
-def program_key(o, p) -> Optional[str]:
-    """The program cache's key of the programs a recording with options o
-    compiles on platform p (None: not known, the BTF unreadable)."""
-    from .progcache import cache_key
-    text, cflags, _ = program_source(o, p)
-    return cache_key(text, cflags)
+def program_source() -> Tuple[str, List[str]]:
+    """(the BPF text, its flags) of the recording's programs."""
+    return bpf_source(os.path.join(BPF_DIR, MAIN_PROGRAM)), compile_flags()
 
 
 class SessionSetup:
@@ -79,20 +76,23 @@ class SessionSetup:
         from . import bpfload
         from ..kernel import bpfsys  # from the cache without clang; bcc (slow, maps LLVM) on a miss
         o = self.opts
-        text, cflags, self._unwind_cflags = program_source(o, self.platform)
+        text, cflags = program_source()
+        consts = load_consts(o, self.platform)
+        self._unwind_tables = bool(consts["NATIVE_UNWIND"])
         # only what the mode runs (no sched_switch in cpu mode, no perf event in
         # off mode), all verified at once; the unwinder's may fail (_attach)
         sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
         try:
             self.bpf = bpfload.load(text, cflags,
-                                    sizes=map_sizes(o, tables=unwind_loader.tables_on(self._unwind_cflags)),
-                                    skip=() if switches else ("sched_switch",),
+                                    sizes=map_sizes(o, self._unwind_tables, consts),
+                                    skip=(() if switches else ("sched_switch",))
+                                    + (() if self._wake_programs() else ("sched_waking",)),
                                     preload=([("on_cpu_sample", bpfsys.PERF_EVENT)] if sampled else [])
                                     + [(fn, bpfsys.RAW_TRACEPOINT) for fn in self._wake_programs()],
                                     optional=unwind_loader.program_specs(sampled, switches,
                                                                          bool(self._wake_programs()))
                                     + ([("rseq_capture", bpfsys.RAW_TRACEPOINT)] if self._waits_sampled() else []),
-                                    notices=self.rec.notices, consts=load_consts(o, self.platform),
+                                    notices=self.rec.notices, consts=consts,
                                     meanwhile=self._head_start if not o.command else None)
         except Exception as e:
             raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
@@ -267,7 +267,7 @@ class SessionSetup:
 
     def _make_unwinder(self):
         self.unwinder = unwind_loader.NativeUnwinder(
-            self.bpf, tables=unwind_loader.tables_on(self._unwind_cflags))
+            self.bpf, tables=self._unwind_tables)
         self.unwinder.copies = self.opts.follow     # BPF copies a parent's entry to its child
 
     def _register(self, prog=None):

@@ -4,8 +4,7 @@ line each, with what to do about what is missing.
 Each check is the one a recording itself meets (platform.py, bpfload.py,
 the caches), run on its own so that all are told at once instead of the
 first failure only.  FAIL: a recording would not work; warn: it works, with
-less (no kernel headers but a warm program cache, an optional tracepoint);
-ok.  The exit status is 0 when nothing FAILed.  The checks change nothing
+less (programs compiled at the first start, an optional tracepoint); ok.  The exit status is 0 when nothing FAILed.  The checks change nothing
 on the machine, except tracefs: a recording mounts it when it is missing,
 and so does doctor, saying so.
 """
@@ -166,61 +165,107 @@ def check_perf_event() -> Check:
                  "no matter with CAP_PERFMON)")
 
 
-def check_bcc() -> List[Check]:
-    """bcc, the kernel headers it compiles against, and the verdict on both
-    with the program cache: can a recording's programs be loaded?"""
-    out = []
-    try:
-        import bcc  # noqa: F401
-        out.append(Check(OK, "bcc", f"importable ({os.path.dirname(bcc.__file__)})"))
-        have_bcc = True
-    except Exception as e:                                  # noqa: BLE001 - any import failure
-        out.append(Check(WARN, "bcc", f"not importable ({type(e).__name__}: {e}): only programs "
-                         "in the program cache load", "apt install python3-bpfcc"))
-        have_bcc = False
+MIN_KERNEL = (5, 15)     # bpf_task_pt_regs; BTF (bpf_get_current_task_btf, the offsets)
+
+
+def check_kernel() -> Check:
+    """The kernel's release against the oldest the programs' helpers exist
+    in (docs/install.md#kernels); the load below is the proof."""
     release = os.uname().release
-    build = f"/lib/modules/{release}/build"
-    found = [p for p in ("include/generated/autoconf.h", "include/linux/kconfig.h")
-             if os.path.exists(os.path.join(build, p))]
-    if found:
-        out.append(Check(OK, "kernel headers", f"{os.path.realpath(build)}: what bcc compiles against"))
+    try:
+        version = tuple(int(x) for x in release.split("-")[0].split(".")[:2])
+    except ValueError:
+        return Check(WARN, "kernel", f"{release}: version not understood (the load below tells)")
+    need = ".".join(map(str, MIN_KERNEL))
+    if version < MIN_KERNEL:
+        return Check(FAIL, "kernel", f"Linux {release}: the programs need {need} or newer "
+                     "(bpf_task_pt_regs, BTF)", f"a kernel of {need} or newer")
+    return Check(OK, "kernel", f"Linux {release} ({need} or newer needed)")
+
+
+def _load_default_programs():
+    """(origin, programs verified, optional ones refused, seconds) of the
+    programs a default recording loads, loaded as it loads them (the
+    verifier runs) without a compile, then closed; raises what it raises."""
+    import time
+    from ..collect import bpfload, sessionsetup
+    from ..collect.maps import map_sizes
+    from ..collect.recording import Options
+    from ..kernel import bpfsys
+    from ..native.unwind import loader as unwind_loader
+    o = Options()
+    consts = sessionsetup.load_consts(o, P.probe())
+    t0 = time.monotonic()
+    prog = bpfload.load(*sessionsetup.program_source(), skip=("sched_waking",),
+                        preload=[("on_cpu_sample", bpfsys.PERF_EVENT)],
+                        optional=unwind_loader.program_specs(True, True, False)
+                        + [("rseq_capture", bpfsys.RAW_TRACEPOINT)],
+                        sizes=map_sizes(o, bool(consts["NATIVE_UNWIND"]), consts), consts=consts,
+                        may_compile=False)
+    try:
+        return (prog.origin, len(prog.funcs), sorted(n.decode() for n in prog.load_errors),
+                time.monotonic() - t0)
+    finally:
+        prog.cleanup()
+
+
+def check_programs() -> List[Check]:
+    """Can a recording load its programs?  Tried: the package's (or this
+    machine's cache's) loaded as a default recording loads them, the
+    verifier included.  bcc and the kernel headers matter only where
+    they do not load: then a recording compiles them."""
+    try:
+        origin, n, refused, took = _load_default_programs()
+        error = ""
+    except Exception as e:                                  # noqa: BLE001 - the finding
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        error = lines[-1].strip() if lines else type(e).__name__
+    have_bcc, bcc_line = _check_bcc(needed=bool(error))
+    have_headers, headers_line = _check_headers(needed=bool(error))
+    out = [bcc_line, headers_line]
+    todo = "apt install python3-bpfcc linux-headers-amd64 (tools/setup-system.sh)"
+    if not error:
+        where = ("the package's (compiled when it was built)" if origin == "package"
+                 else "this machine's cache's (compiled by bcc before)")
+        detail = f"{where} load on this kernel: {n} passed the verifier in {took:.1f} s"
+        if refused:
+            out.append(Check(WARN, "BPF programs", f"{detail}; refused: {', '.join(refused)} "
+                             "(native unwinding or sampled waits off)"))
+        else:
+            out.append(Check(OK, "BPF programs", detail))
+    elif have_bcc and have_headers:
+        out.append(Check(WARN, "BPF programs", f"none compiled loads here ({error}): bcc compiles "
+                         "them at a recording's first start (then cached)"))
     else:
-        out.append(Check(WARN, "kernel headers", f"none at {build}: bcc cannot compile (a program set "
-                         "compiled before is found by the headers it was compiled with)",
-                         "apt install linux-headers-amd64, then /usr/share/pyoffcpu/setup-kernel-headers "
-                         "(or tools/setup-system.sh)"))
-    out.append(_programs_verdict(have_bcc, bool(found)))
+        missing = " and ".join(w for w, ok in (("bcc", have_bcc), ("kernel headers", have_headers))
+                               if not ok)
+        out.append(Check(FAIL, "BPF programs", f"none can be loaded: {error}; no {missing} to "
+                         "compile them for this kernel", todo))
     return out
 
 
-def _programs_verdict(have_bcc: bool, have_headers: bool) -> Check:
-    """Whether `pyoffcpu -p PID` can load its programs: compiled by bcc
-    against the headers, or a program set the cache holds for this kernel
-    (the default options' set, found by its key)."""
-    if have_bcc and have_headers:
-        return Check(OK, "BPF programs", "bcc compiles them at a recording's first start (then cached)")
-    cached = _default_set_cached()
-    missing = " and ".join(w for w, ok in (("bcc", have_bcc), ("kernel headers", have_headers)) if not ok)
-    todo = "apt install python3-bpfcc linux-headers-amd64 (tools/setup-system.sh)"
-    if cached:
-        return Check(WARN, "BPF programs", f"no {missing}: `pyoffcpu -p PID` loads its programs from the "
-                     f"cache ({cached}); other options (--wakers, --kernel, -F, ...) would need a compile", todo)
-    return Check(FAIL, "BPF programs", f"none can be loaded: no {missing} to compile them, and the program "
-                 "cache holds no set for this kernel", todo)
-
-
-def _default_set_cached() -> str:
-    """The cache file of the default recording's programs on this kernel, or ''."""
-    from ..cachedir import cache_dir
-    from ..collect.recording import Options
-    from ..collect.sessionsetup import program_key
-    d = cache_dir("bpf")
+def _check_bcc(needed: bool):
     try:
-        key = program_key(Options(), P.probe()) if d else None
-    except Exception:                                       # noqa: BLE001 - not known: not cached
-        return ""
-    path = os.path.join(d, key + ".bpf") if key else ""
-    return path if path and os.path.isfile(path) else ""
+        import bcc  # noqa: F401
+        return True, Check(OK, "bcc", f"importable ({os.path.dirname(bcc.__file__)})")
+    except Exception as e:                                  # noqa: BLE001 - any import failure
+        why = f"not importable ({type(e).__name__}: {e})"
+        if not needed:
+            return False, Check(OK, "bcc", f"{why}: not needed while compiled programs load")
+        return False, Check(WARN, "bcc", f"{why}: nothing compiles programs for this kernel",
+                            "apt install python3-bpfcc")
+
+
+def _check_headers(needed: bool):
+    build = f"/lib/modules/{os.uname().release}/build"
+    if any(os.path.exists(os.path.join(build, p))
+           for p in ("include/generated/autoconf.h", "include/linux/kconfig.h")):
+        return True, Check(OK, "kernel headers", f"{os.path.realpath(build)}: what bcc compiles against")
+    if not needed:
+        return False, Check(OK, "kernel headers", f"none at {build}: not needed while compiled programs load")
+    return False, Check(WARN, "kernel headers", f"none at {build}: bcc cannot compile",
+                        "apt install linux-headers-amd64, then /usr/share/pyoffcpu/setup-kernel-headers "
+                        "(or tools/setup-system.sh)")
 
 
 def _cache_entries() -> int:
@@ -236,7 +281,8 @@ def check_cache_dir() -> Check:
     from ..cachedir import cache_dir
     d = cache_dir("bpf")
     if d is None:
-        return Check(OK, "cache directory", "off (PYOFFCPU_CACHE_DIR is empty): every start compiles")
+        return Check(OK, "cache directory", "off (PYOFFCPU_CACHE_DIR is empty): where the package's programs "
+                     "do not load, every start compiles them")
     top = os.path.dirname(d)
     for path in (top, d):
         try:
@@ -269,8 +315,9 @@ def check_bpf_stats() -> Check:
     return Check(WARN, "kernel.bpf_stats_enabled", "not readable: make bench cannot measure BPF run time")
 
 
-CHECKS: List[Callable] = [check_privileges, check_btf, check_tracefs, check_tracepoints, check_lockdown,
-                          check_bpf_load, check_perf_event, check_bcc, check_cache_dir, check_bpf_stats]
+CHECKS: List[Callable] = [check_privileges, check_kernel, check_btf, check_tracefs, check_tracepoints,
+                          check_lockdown, check_bpf_load, check_perf_event, check_programs, check_cache_dir,
+                          check_bpf_stats]
 
 
 def run_checks() -> List[Check]:

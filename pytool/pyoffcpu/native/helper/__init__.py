@@ -13,6 +13,7 @@ False and callers do the same work in Python, more slowly.
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import resource
@@ -27,7 +28,23 @@ MEMORY_LIMIT = 4 << 30              # address space (the file itself is mapped)
 WALL_LIMIT_S = 600.0
 
 
-# what a helper's environment holds besides its limits (a Python fallback
+@functools.lru_cache(maxsize=None)
+def capstone_lib() -> Optional[str]:
+    """The directory of the libcapstone.so that this Python's capstone
+    package carries (pip's wheel has it in capstone/lib), or None."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("capstone")
+    except (ImportError, ValueError):
+        return None
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        lib = os.path.join(d, "lib")
+        if os.path.isfile(os.path.join(lib, "libcapstone.so")):
+            return lib
+    return None
+
+
+# what a helper's environment holds besides limits_env (a Python fallback
 # needs to find this package)
 _BASE_ENV = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL")}
 
@@ -106,7 +123,14 @@ LIMITS_ENV = "PYOFFCPU_HELPER_LIMITS"
 
 
 def limits_env() -> dict:
-    return {LIMITS_ENV: f"{CPU_LIMIT_S} {MEMORY_LIMIT}"}
+    """What every helper's environment holds: its limits, and the capstone
+    library this Python's binding uses (the compiled helper's dlopen looks
+    in LD_LIBRARY_PATH first, then in its RUNPATH: the wheel's layout)."""
+    env = {LIMITS_ENV: f"{CPU_LIMIT_S} {MEMORY_LIMIT}"}
+    lib = capstone_lib()
+    if lib:
+        env["LD_LIBRARY_PATH"] = lib
+    return env
 
 
 def apply_limits() -> None:

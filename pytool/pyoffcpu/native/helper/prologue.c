@@ -4,8 +4,8 @@
  * with Python's string tests; each instruction's text is read once, when
  * it is decoded, into the facts those tests give (struct desc), and the
  * traversal works on them.  Decoding is capstone's, the same library the
- * Python binding loads (libcapstone.so beside it, found through this
- * program's RUNPATH), with the same handle options (x86-64, Intel syntax,
+ * Python binding loads (libcapstone.so beside it: pyoffcpu starts this
+ * program with LD_LIBRARY_PATH there; a wheel's RUNPATH finds it too), with the same handle options (x86-64, Intel syntax,
  * no detail, no skipdata): _Decoder decodes runs of up to 64 instructions
  * from up to 1024 bytes; an instruction decodes the same whatever run it
  * is part of, so here each is decoded alone, from the same bytes.
@@ -45,8 +45,9 @@ static struct {
 
 /* The library is opened here rather than linked: the wheel ships
  * libcapstone.so alone, whose SONAME (libcapstone.so.5) a linked program
- * would look for and not find.  dlopen searches this program's RUNPATH
- * (the Makefile's -rpath: the venv's capstone/lib) first. */
+ * would look for and not find.  dlopen searches LD_LIBRARY_PATH (set by
+ * pyoffcpu to its Python's capstone/lib), then this program's RUNPATH (the
+ * Makefile's -rpath: where pip puts capstone/lib beside pyoffcpu). */
 static void capstone_load(void)
 {
     if (CS.loaded)

@@ -73,23 +73,13 @@ def _regs_offsets(btf_path: Optional[str]) -> Optional[Dict[str, int]]:
         return None
 
 
-def cflags(btf_path: Optional[str] = None) -> List[str]:
-    """The -D flag for bpf/unwind.c: NATIVE_UNWIND=0 (off) when it is
-    turned off or BTF lacks pt_regs."""
-    on = enabled() and _regs_offsets(btf_path) is not None
-    return [f"-DNATIVE_UNWIND={int(on)}"]
-
-
 def load_consts(btf_path: Optional[str] = None) -> Dict[str, int]:
-    """Its load-time constants (bpf/loadconst.h): pt_regs's offsets (0s
-    where unwinding is off: no instruction reads them then)."""
-    offs = _regs_offsets(btf_path) or {}
-    return {f"PT_REGS_{f.upper()}_OFF": offs.get(f, 0) for f in REGS_FIELDS}
-
-
-def tables_on(flags: List[str]) -> bool:
-    """Do these flags (from cflags()) walk native stacks with .eh_frame tables?"""
-    return "-DNATIVE_UNWIND=1" in flags
+    """Its load-time constants (bpf/loadconst.h): NATIVE_UNWIND, 0 (frame
+    pointers) when it is turned off or BTF lacks pt_regs, and pt_regs's
+    offsets (0s where unwinding is off: no instruction reads them then)."""
+    offs = _regs_offsets(btf_path)
+    return {"NATIVE_UNWIND": int(enabled() and offs is not None),
+            **{f"PT_REGS_{f.upper()}_OFF": (offs or {}).get(f, 0) for f in REGS_FIELDS}}
 
 
 def program_specs(perf: bool = True, switch: bool = True, wake: bool = False) -> List[Tuple[str, int]]:
