@@ -3,7 +3,7 @@ kernel headers there.
 
 The wheel is built as `make wheel` builds it (the compiled BPF programs of
 bpfobj/ and the helper inside), installed into a fresh venv of another
-Python (pyenv's 3.12) made without Debian's site-packages: bcc cannot be
+Python (pyenv's 3.9 and 3.12) made without Debian's site-packages: bcc cannot be
 imported there.  Each recording runs with the kernel headers hidden (empty
 tmpfs mounted over /lib/modules/$(uname -r) and /usr/src, in a mount
 namespace of its own) and an empty cache: the programs can only come from
@@ -52,13 +52,13 @@ def wheel(tmp_path_factory, bpf):
     return whl
 
 
-@pytest.fixture(scope="module")
-def venv(wheel, tmp_path_factory):
-    """A fresh venv of pyenv's 3.12 (no system site-packages) with the wheel
-    and its dependencies from PyPI."""
-    base = pyenv_python("3.12")
+@pytest.fixture(scope="module", params=["3.9", "3.12"])
+def venv(request, wheel, tmp_path_factory):
+    """A fresh venv of pyenv's 3.9 (the oldest the wheel is for) or 3.12, no
+    system site-packages, with the wheel and its dependencies from PyPI."""
+    base = pyenv_python(request.param)
     if base is None:
-        pytest.skip("no pyenv 3.12")
+        pytest.skip(f"no pyenv {request.param}")
     d = tmp_path_factory.mktemp("venv") / "v"
     subprocess.run([base, "-m", "venv", str(d)], check=True, timeout=300)
     py = str(d / "bin" / "python")
