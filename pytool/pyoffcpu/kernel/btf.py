@@ -385,6 +385,7 @@ def _split_indices(part: str, dotted: str) -> tuple[str, list[int]]:
 
 
 _OFFSETS: dict = {}         # BTF sha256 -> {"struct:member": byte offset}, this process
+_PARSED: dict = {}          # BTF sha256 -> its Btf: the last one parsed (0.2 s), for the next miss
 
 
 TRACEPOINT_ARGS = "(tracepoint args)"   # member_offsets: (TRACEPOINT_ARGS, tp) -> its argument count
@@ -419,7 +420,11 @@ def member_offsets(path: str, members, cache_dir: str | None = "default") -> lis
             pass                            # absent, unreadable or not ours: parsed below
     missing = [(n, st, m) for n, (st, m) in zip(names, members) if n not in known]
     if missing:
-        btf = Btf.load(path)
+        btf = _PARSED.get(digest)
+        if btf is None:
+            btf = Btf.load(path)
+            _PARSED.clear()                 # one blob kept: a start asks several times
+            _PARSED[digest] = btf
         for n, st, m in missing:
             known[n] = (btf.tracepoint_args(m) if st == TRACEPOINT_ARGS
                         else btf.member_offset(st, m))
