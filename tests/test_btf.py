@@ -302,3 +302,27 @@ def test_vmlinux_offsets_match_running_task(vmlinux):
         assert s.fsbase == fs, (hex(s.fsbase), hex(fs))
         fsbases.add(fs)
     assert len(fsbases) == 2  # two threads, two distinct TLS blocks
+
+
+def test_the_word_index_and_the_struct_index_agree_and_refuse_the_same_blobs(monkeypatch):
+    """The index of every type record is read as native words where the blob
+    is in this machine's order, else record by record with struct: the same
+    positions and kinds on vmlinux's BTF, and both refuse a type section cut
+    inside a record."""
+    import struct
+    import sys
+    from pyoffcpu.kernel import btf
+    if not os.path.exists(btf.VMLINUX_BTF):
+        pytest.skip("no kernel BTF")
+    raw = open(btf.VMLINUX_BTF, "rb").read()
+    fast = btf.Btf(raw)
+    monkeypatch.setattr(btf.sys, "byteorder", "big" if sys.byteorder == "little" else "little")
+    slow = btf.Btf(raw)
+    assert fast._offsets == slow._offsets and fast._kinds == slow._kinds and fast.type_count > 1000
+    hdr_len, type_off, type_len = struct.unpack_from("<III", raw, 4)
+    cut = bytearray(raw)
+    struct.pack_into("<I", cut, 12, type_len - 4)        # the section ends 4 bytes early
+    for order in ("little", "big"):
+        monkeypatch.setattr(btf.sys, "byteorder", order)
+        with pytest.raises(btf.BtfError):
+            btf.Btf(bytes(cut))

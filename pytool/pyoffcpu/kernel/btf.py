@@ -8,6 +8,7 @@ Struct names are indexed lazily on the first lookup.
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import dataclass
 
 __all__ = ["Btf", "BtfError", "MemberInfo", "member_offsets"]
@@ -50,6 +51,14 @@ _TYPE_HDR = 12      # name_off, info, size/type
 _MEMBER_SIZE = 12   # name_off, type, offset
 
 
+def _words(kind: int):
+    """(words after the 3-word header, words per vlen entry) of a kind; (-1, 0): unknown."""
+    try:
+        return _extra_bytes(kind, 0) // 4, _extra_bytes(kind, 1) // 4 - _extra_bytes(kind, 0) // 4
+    except BtfError:
+        return -1, 0
+
+
 def _extra_bytes(kind: int, vlen: int) -> int:
     """Bytes following the 12-byte common header for one type record."""
     if kind in (KIND_INT, KIND_VAR, KIND_DECL_TAG):
@@ -68,6 +77,10 @@ def _extra_bytes(kind: int, vlen: int) -> int:
 
 class BtfError(Exception):
     """Malformed BTF, or a struct / member that is not there."""
+
+
+# per kind (0-31): words after a record's 3-word header, and per vlen entry
+_FIXED_WORDS, _WORDS_PER_VLEN = (list(t) for t in zip(*(_words(k) for k in range(32))))
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,13 @@ class Btf:
         return cls(data)
 
     def _index_types(self) -> None:
+        """Every type record's position and kind, in id order: one pass over
+        vmlinux's ~125k records, on each cold start.  Records are whole
+        4-byte words, read as such where the blob is in this machine's byte
+        order (twice as fast as a struct call each)."""
+        if self._e == ("<" if sys.byteorder == "little" else ">") and \
+                not (self._types_end - self._types_start) % 4:
+            return self._index_words()
         data = self._data
         unpack_info = struct.Struct(self._e + "I").unpack_from
         pos = self._types_start
@@ -147,6 +167,25 @@ class Btf:
             else:
                 pos += _TYPE_HDR + _extra_bytes(kind, vlen)
         if pos != end:
+            raise BtfError("type section does not end on a record boundary")
+
+    def _index_words(self) -> None:
+        start = self._types_start
+        words = memoryview(self._data)[start:self._types_end].cast("I")
+        n = len(words)
+        fixed, per = _FIXED_WORDS, _WORDS_PER_VLEN
+        offsets, kinds = self._offsets, self._kinds
+        i = 0
+        while i < n - 2:
+            info = words[i + 1]
+            kind = (info >> 24) & 0x1F
+            offsets.append(start + 4 * i)
+            kinds.append(kind)
+            f = fixed[kind]
+            if f < 0:
+                raise BtfError(f"unknown BTF kind {kind}")
+            i += 3 + f + per[kind] * (info & 0xFFFF)
+        if i != n:
             raise BtfError("type section does not end on a record boundary")
 
     # -- raw accessors --------------------------------------------------
