@@ -373,6 +373,7 @@ from pyoffcpu.collect import platform as plat, recording, session
 s = session.Session(recording.Options(pids=[os.getpid()]), plat.probe())
 s._compile()
 s._attach()
+s._unwinder_ready(wait=True)
 maps = open("/proc/self/maps").read()
 print(s.bpf.from_cache, "bcc" in sys.modules, "libLLVM" in maps, "libbcc" in maps)
 s.bpf.cleanup()
@@ -403,6 +404,7 @@ def test_a_finishing_program_the_verifier_refuses_is_not_fatal(recordings, tmp_p
     try:
         assert s.bpf.from_cache
         s._attach()
+        s._unwinder_ready(wait=True)    # verified after the start without --tables-first
         assert s.unwinder is None
         assert [n for n in s.rec.notices if "native unwinding off" in n and "unwind_tp" in n], \
             s.rec.notices
@@ -460,3 +462,35 @@ def test_btf_offsets_are_remembered_and_a_bad_record_is_ignored(tmp_path):
     (tmp_path / rec).write_text("{not json")
     btf_mod._OFFSETS.clear()
     assert member_offsets(progcache.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+
+
+def test_a_verification_a_signal_cut_short_is_made_again(monkeypatch):
+    """The verifier gives up with EAGAIN when a signal is pending for the
+    loading thread (a helper's SIGCHLD during the unwinder's background
+    verification did it): the load is made again, a bounded number of
+    times, with those signals blocked in a thread that is not the main one."""
+    import errno
+    import signal
+    import threading
+    calls, masks = [], []
+
+    def flaky(*args):
+        calls.append(args)
+        masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        if len(calls) < 3:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        return 7, ""
+    monkeypatch.setattr(bpfload, "prog_load", flaky)
+    got = []
+    t = threading.Thread(target=lambda: got.append(bpfload._verified(17, b"", b"GPL", 0, "x", 0, 1)))
+    t.start()
+    t.join()
+    assert got == [(7, "")] and len(calls) == 3
+    assert all(signal.SIGCHLD in m and signal.SIGTERM in m for m in masks)
+    assert signal.SIGCHLD not in signal.pthread_sigmask(signal.SIG_BLOCK, [])   # the main thread's
+    calls.clear()
+    monkeypatch.setattr(bpfload, "prog_load", lambda *a: calls.append(a) or (_ for _ in ()).throw(
+        OSError(errno.EAGAIN, "again")))
+    with pytest.raises(OSError):
+        bpfload._verified(17, b"", b"GPL", 0, "x", 0, 1)
+    assert len(calls) == bpfload.VERIFY_TRIES

@@ -5,7 +5,6 @@ the Python one."""
 import os
 import signal
 import subprocess
-import sysconfig
 
 import pytest
 
@@ -270,3 +269,37 @@ def test_native_walk_deeper_than_the_limit_keeps_its_innermost_frames(bpf):
         assert len(pcs) == depth and flags & bpfdefs.NST_TRUNCATED, (len(pcs), flags, kind)
         seen["on" if bpfdefs.on_cpu(kind) else "off"] += count
     assert seen["on"] > 20 and seen["off"] > 20, seen
+
+
+def test_without_tables_first_the_unwinder_comes_in_after_the_start_and_says_when(tmp_path, bpf):
+    """The default start: the unwinder's programs are verified while the
+    recording starts.  A notice gives when they came in; before, stacks are
+    frame-pointer ones (the merge falls back for them), after, walked from
+    tables: the fallback's share is about the notice's time over the
+    recording's, and the split's time is all there."""
+    import re
+    python = python_or_skip("pyenv-3.11")
+    duration = 4.0
+    w = Workload(python, "split.py", duration + 60)
+    try:
+        tables = tmp_path / "warm"                  # the tables made once, so only the programs wait
+        tables.mkdir(mode=0o700)
+        record_folded(tmp_path, "-p", str(w.pid), "-d", "1", name="fill.folded",
+                      env_extra={"PYOFFCPU_CACHE_DIR": str(tables)})
+        res, prof = record_folded(tmp_path, "-p", str(w.pid), "-d", str(duration),
+                                  env_extra={"PYOFFCPU_TABLES_FIRST": "0", "PYOFFCPU_CACHE_DIR": str(tables)})
+    finally:
+        w.stop()
+    m = re.search(r"native stacks from \.eh_frame tables after the first ([\d.]+) s of the recording",
+                  res.stderr)
+    assert m, res.stderr
+    late = float(m.group(1))
+    assert 0 < late < 1.5, late
+    fell = re.search(r"merge fell back for (\d+)% of the Python time", res.stderr)
+    share = int(fell.group(1)) if fell else 0
+    assert share <= 100 * late / duration + 5, (share, late, res.stderr)
+    main = sum(ns for k, ns in prof.weights.items() if k.tid == w.pid)
+    assert abs(main / 1e9 - duration) <= 0.03 * duration
+    walked = sum(ns for k, ns in prof.weights.items()
+                 if k.tid == w.pid and any(f.kind is FrameKind.NATIVE for f in k.frames))
+    assert walked >= 0.9 * main, (walked, main)

@@ -129,8 +129,8 @@ class Program:
         kv = self.entry.get("kern_version", 0)
         level = self.log_level
         try:
-            fd, log = prog_load(prog_type, insns, license, kv, name, level,
-                                 (16 << 20) if level & 3 else (1 << 16))
+            fd, log = _verified(prog_type, insns, license, kv, name, level,
+                                (16 << 20) if level & 3 else (1 << 16))
         except OSError as e:
             log = getattr(e, "log", "")
             if not log and e.errno not in (1,):         # the verifier's reason, for the message
@@ -283,6 +283,32 @@ class Program:
         for name in list(self._map_fds):
             os.close(self._map_fds.pop(name))
         self.tables.clear()
+
+
+VERIFY_TRIES = 8
+
+
+def _verified(*args):
+    """prog_load, again when the verifier gave up because a signal came for
+    this thread (EAGAIN: it checks for one as it goes; a helper's SIGCHLD
+    during a background verification was enough), as libbpf does.  The
+    thread blocks the signals the session handles meanwhile, so they go to
+    another."""
+    import errno
+    import signal
+    blocked = {signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM}
+    main = threading.current_thread() is threading.main_thread()
+    old = None if main else signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        for attempt in range(VERIFY_TRIES):
+            try:
+                return prog_load(*args)
+            except OSError as e:
+                if e.errno != errno.EAGAIN or attempt == VERIFY_TRIES - 1:
+                    raise
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 # -- load -------------------------------------------------------------------------------------------------

@@ -99,6 +99,8 @@ class Session(SessionSetup):
         self._new_ustacks: List[int] = []
         self._tasks = None                           # --async: collect/tasks.py's sampler
         self._fold_loader: Optional[threading.Thread] = None    # the fold program's verification
+        self._unwinder_loader: Optional[threading.Thread] = None    # the finishing programs' (_attach)
+        self._unwinder_error: Optional[BaseException] = None
         self._fold_fd: Optional[int] = None
         self._fold_started = False
         self._rseq_attached = False                  # rseq_capture takes the waits' owed stacks
@@ -475,6 +477,7 @@ class Session(SessionSetup):
             while self.stop_reason is None:
                 self.bpf.perf_buffer_poll(timeout=targets.poll_timeout_ms(POLL_MS))
                 self._fold_ready()
+                self._unwinder_ready()
                 now = time.monotonic()
                 if deadline and now >= deadline:
                     self.request_stop("duration")
@@ -511,6 +514,7 @@ class Session(SessionSetup):
         self._write_control(end_ns=self._end_ns)
         if self._fold_loader is not None:
             self._fold_loader.join()    # a short recording: the program goes with the rest
+        self._unwinder_ready(wait=True)
         if self._tasks is not None:
             rec.tasks = self._tasks.stop(self._end_ns)
             rec.notices.extend(rec.tasks.notices)

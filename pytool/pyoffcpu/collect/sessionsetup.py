@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from typing import Dict, List, Tuple
 
 from ..kernel import bpfdefs
@@ -80,7 +81,8 @@ class SessionSetup:
         consts = load_consts(o, self.platform)
         self._unwind_tables = bool(consts["NATIVE_UNWIND"])
         # only what the mode runs (no sched_switch in cpu mode, no perf event in
-        # off mode), all verified at once; the unwinder's may fail (_attach)
+        # off mode), all verified at once; the unwinder's may fail (_attach),
+        # and are verified after the start unless --tables-first (_attach)
         sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
         try:
             self.bpf = bpfload.load(text, cflags,
@@ -89,8 +91,9 @@ class SessionSetup:
                                     + (() if self._wake_programs() else ("sched_waking",)),
                                     preload=([("on_cpu_sample", bpfsys.PERF_EVENT)] if sampled else [])
                                     + [(fn, bpfsys.RAW_TRACEPOINT) for fn in self._wake_programs()],
-                                    optional=unwind_loader.program_specs(sampled, switches,
-                                                                         bool(self._wake_programs()))
+                                    optional=(unwind_loader.program_specs(sampled, switches,
+                                                                          bool(self._wake_programs()))
+                                              if o.tables_first else [])
                                     + ([("rseq_capture", bpfsys.RAW_TRACEPOINT)] if self._waits_sampled() else []),
                                     notices=self.rec.notices, consts=consts,
                                     meanwhile=self._head_start if not o.command else None)
@@ -247,28 +250,73 @@ class SessionSetup:
         # tests: the threads folded here before the kernel's fold is on are in its view too
         self.accounts.fold_shadow = bool(self._fold_mode() & bpfdefs.FOLD_SHADOW)
         # The programs that finish each sample (and walk native stacks from
-        # .eh_frame tables when NATIVE_UNWIND=1), called by tail call.
+        # .eh_frame tables when NATIVE_UNWIND=1), called by tail call: loaded
+        # now with --tables-first, else verified in the background while the
+        # recording starts (_unwinder_ready puts them in; until then BPF
+        # finishes samples itself, with frame-pointer stacks, as it does for
+        # a library whose table is not made yet).
         try:
             if self.unwinder is not None and self.unwinder.bpf is not self.bpf:
                 self.unwinder.close()   # made for a program that did not load (compiled again)
                 self.unwinder = None
             if self.unwinder is None:
                 self._make_unwinder()
-            self.unwinder.load_programs(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"),
-                                        wake=bool(self._wake_programs()))
-        except Exception as e:
-            if self.unwinder is not None:
-                self.unwinder.close()
-            self.unwinder = None
-            if self.targets is not None:
-                self.targets.unwinder = None
-            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            self.rec.notices.append(f"native unwinding off ({msg}): frame-pointer user stacks")
+        except Exception as e:          # noqa: BLE001 - as a verifier's refusal
+            self._unwinder_failed(e)
+            return
+        kinds = dict(perf=o.mode in ("wall", "cpu"), switch=o.mode in ("wall", "off"),
+                     wake=bool(self._wake_programs()))
+        if o.tables_first:
+            try:
+                self.unwinder.load_programs(**kinds)
+            except Exception as e:      # noqa: BLE001 - frame pointers, said so
+                self._unwinder_failed(e)
+            return
+        unwinder = self.unwinder
+
+        def load():
+            try:
+                unwinder.load_programs(**kinds)
+            except Exception as e:      # noqa: BLE001 - _unwinder_ready says so
+                self._unwinder_error = e
+        self._unwinder_loader = threading.Thread(target=load, name="pyoffcpu-unwinder", daemon=True)
+        self._unwinder_loader.start()
+
+    def _unwinder_ready(self, wait: bool = False):
+        """In the recording loop: once the finishing programs are verified
+        and in their slots, the processes' entries go to BPF; a refusal turns
+        native unwinding off, as at the start.  wait: until it is done."""
+        t = self._unwinder_loader
+        if t is None or (t.is_alive() and not wait):
+            return
+        t.join()
+        self._unwinder_loader = None
+        if self._unwinder_error is not None:
+            self._unwinder_failed(self._unwinder_error)
+        elif self.unwinder is not None:
+            self.unwinder.release_entries()
+            late = (time.monotonic_ns() - self._start_ns) / 1e9 if self._start_ns else 0.0
+            if late > 0 and self.unwinder.tables:
+                self.rec.notices.append(
+                    f"native stacks from .eh_frame tables after the first {late:.2f} s of the recording "
+                    "(frame pointers before, while the unwinder's programs were verified; "
+                    "--tables-first waits for them)")
+
+    def _unwinder_failed(self, e: BaseException):
+        if self.unwinder is not None:
+            self.unwinder.close()
+        self.unwinder = None
+        if self.targets is not None:
+            self.targets.unwinder = None
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        self.rec.notices.append(f"native unwinding off ({msg}): frame-pointer user stacks")
 
     def _make_unwinder(self):
         self.unwinder = unwind_loader.NativeUnwinder(
             self.bpf, tables=self._unwind_tables)
         self.unwinder.copies = self.opts.follow     # BPF copies a parent's entry to its child
+        if not self.opts.tables_first:
+            self.unwinder.hold_entries()        # until its programs are in (_unwinder_ready)
 
     def _register(self, prog=None):
         """The targets (-p, their children with --subprocesses, -a's scan)

@@ -176,6 +176,9 @@ class NativeUnwinder(WalkedStacks):
         self._fresh: Dict[int, Tuple[List[int], int]] = {}  # stacks take_stacks read, not asked for yet
         self._batched = False           # the last take_stacks emptied nstacks
         self.load_s = 0.0               # time spent putting tables into the kernel
+        # the entries are kept from BPF (hold_entries) until the finishing
+        # programs that use them are in their slots (release_entries)
+        self._held = False
         if bpf is None:
             return
         if tables:
@@ -199,6 +202,21 @@ class NativeUnwinder(WalkedStacks):
         if wake:
             self.bpf["unwind_wake_progs"][ctypes.c_int(0)] = ctypes.c_int(fds["unwind_wake"])
             self.bpf["unwind_wake_progs"][ctypes.c_int(1)] = ctypes.c_int(fds["memo_wake"])
+
+    def hold_entries(self) -> None:
+        """Write no process's entry into BPF until release_entries: while the
+        finishing programs are verified, a sample of a process with an entry
+        would skip its frame-pointer stack for a walk no program makes."""
+        self._held = True
+
+    def release_entries(self) -> None:
+        """The finishing programs are in their slots: every entry made
+        meanwhile is written."""
+        if not self._held:
+            return
+        self._held = False
+        for pid, exe in list(self._exe_of.items()):
+            self.update(pid, exe, force=True)
 
     def close(self) -> None:
         """The helpers still building stop; the tables stay the kernel's
@@ -465,7 +483,7 @@ class NativeUnwinder(WalkedStacks):
             self.notices.append(f"process {pid}: more than {MAX_UNWIND_MAPS} executable "
                                 "mappings; the smallest are walked by frame pointer")
         entries.sort(key=lambda e: e[0])
-        if self._procs is None:
+        if self._procs is None or self._held:
             return True
         leaf = self._procs.Leaf()
         leaf.n = len(entries)
