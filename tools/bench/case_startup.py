@@ -217,7 +217,7 @@ def render_startup(s: dict, args) -> List[str]:
                                 COLD_RECORDING_S if kind == "cold" else None, " s"))
         rows.append(_spread_row(who, "peak RSS of pyoffcpu (VmHWM, MiB)", [r["hwm_mib"] for r in rs], 0))
         rows.append(_spread_row(who, "peak RSS with its children (ru_maxrss, MiB)", [r["maxrss_mib"] for r in rs],
-                                0, STARTUP_RSS_MIB, " MiB"))
+                                0, STARTUP_RSS_MIB if kind != "cold_bcc" else None, " MiB"))
         rows.append(_spread_row(who, "CPU time of the whole 1 s run, children included (s)",
                                 [r["cpu_s"] for r in rs], 2))
     if s.get("pyspy"):
