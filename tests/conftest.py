@@ -231,12 +231,18 @@ def pyoffcpu_cmd(*args):
     return [sys.executable, "-m", "pyoffcpu", *args]
 
 
+# The sessions the tests run in their own process (Session(Options(...)))
+# take --tables-first from here, as the pyoffcpu processes do from env()
+os.environ.setdefault("PYOFFCPU_TABLES_FIRST", "1")
+
+
 def env():
     """pyoffcpu's environment in the tests: with --tables-first
     (PYOFFCPU_TABLES_FIRST=1), so that what a test checks of native stacks
-    is not cut by a table still being made when its short recording starts
-    (the default, tables made while the recording runs, is what
-    test_torch_bpf.py's cold start checks)."""
+    is not cut by a table still being made, or the unwinder's programs
+    still being verified, when its short recording starts (the default,
+    both while the recording runs, is what test_torch_bpf.py's cold start
+    and test_unwind_bpf.py's check)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.path.join(ROOT, "pytool") + os.pathsep + e.get("PYTHONPATH", "")
     e.setdefault("PYOFFCPU_TABLES_FIRST", "1")

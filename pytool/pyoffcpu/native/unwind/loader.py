@@ -176,9 +176,7 @@ class NativeUnwinder(WalkedStacks):
         self._fresh: Dict[int, Tuple[List[int], int]] = {}  # stacks take_stacks read, not asked for yet
         self._batched = False           # the last take_stacks emptied nstacks
         self.load_s = 0.0               # time spent putting tables into the kernel
-        # the entries are kept from BPF (hold_entries) until the finishing
-        # programs that use them are in their slots (release_entries)
-        self._held = False
+        self._held = False              # entries kept from BPF until its programs are in
         if bpf is None:
             return
         if tables:
@@ -210,8 +208,7 @@ class NativeUnwinder(WalkedStacks):
         self._held = True
 
     def release_entries(self) -> None:
-        """The finishing programs are in their slots: every entry made
-        meanwhile is written."""
+        """The finishing programs are in: every entry made meanwhile is written."""
         if not self._held:
             return
         self._held = False
