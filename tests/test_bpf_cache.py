@@ -449,19 +449,19 @@ def test_maps_are_sized_to_the_session_and_one_cached_program_serves_every_size(
 
 
 def test_btf_offsets_are_remembered_and_a_bad_record_is_ignored(tmp_path):
-    from pyoffcpu.kernel.btf import Btf, member_offsets
+    from pyoffcpu.kernel.btf import VMLINUX_BTF, Btf, member_offsets
     want = [("task_struct", "pid"), ("task_struct", "se.sum_exec_runtime"), ("pt_regs", "ip")]
-    btf = Btf.load(progcache.BTF_VMLINUX)
+    btf = Btf.load(VMLINUX_BTF)
     truth = [btf.member_offset(s, m) for s, m in want]
     from pyoffcpu.kernel import btf as btf_mod
     btf_mod._OFFSETS.clear()
-    assert member_offsets(progcache.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+    assert member_offsets(VMLINUX_BTF, want, cache_dir=str(tmp_path)) == truth
     (rec,) = [p for p in os.listdir(tmp_path) if p.startswith("btf-")]
     btf_mod._OFFSETS.clear()
-    assert member_offsets(progcache.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+    assert member_offsets(VMLINUX_BTF, want, cache_dir=str(tmp_path)) == truth
     (tmp_path / rec).write_text("{not json")
     btf_mod._OFFSETS.clear()
-    assert member_offsets(progcache.BTF_VMLINUX, want, cache_dir=str(tmp_path)) == truth
+    assert member_offsets(VMLINUX_BTF, want, cache_dir=str(tmp_path)) == truth
 
 
 def test_a_verification_a_signal_cut_short_is_made_again(monkeypatch):

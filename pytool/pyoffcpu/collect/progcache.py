@@ -22,7 +22,6 @@ from ..kernel.bpfsys import (BPF_MAP_TYPE_ARRAY_OF_MAPS, BpfError, INNER_SUFFIX,
 FORMAT = 2                              # 2: load-time constants (bpf/loadconst.h)
 MAGIC = b"pyoffcpu-bpf-cache\n"
 MAX_FILES = 32                          # entries kept (least recently used go first)
-BTF_VMLINUX = "/sys/kernel/btf/vmlinux"
 
 
 class CacheError(Exception):

@@ -16,6 +16,7 @@ from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
 from .maps import bpf_source, map_sizes
 from .platform import DOCTOR, ProfilerError
+from .progcache import one_line
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Targets
 from ..targets.selection import Select
@@ -70,35 +71,62 @@ def program_source() -> Tuple[str, List[str]]:
     return bpf_source(os.path.join(BPF_DIR, MAIN_PROGRAM)), compile_flags()
 
 
+# --wakers: the interrupt-context tracepoints, exits first (see bpf: wake_irq_enter)
+WAKE_ATTACH = (("irq_handler_exit", "wake_irq_leave"), ("softirq_exit", "wake_irq_leave"),
+               ("hrtimer_expire_exit", "wake_timer_leave"),
+               ("irq_handler_entry", "wake_irq_enter"), ("softirq_entry", "wake_irq_enter"),
+               ("hrtimer_expire_entry", "wake_timer_enter"))
+
+
+def wake_programs(o) -> List[str]:
+    """--wakers' interrupt-context programs a recording with options o runs."""
+    if not (o.wakers and o.mode in ("wall", "off")):
+        return []
+    return sorted({fn for _, fn in WAKE_ATTACH})
+
+
+def waits_sampled(o) -> bool:
+    """Are waits' stacks owed by threshold sampling (--off-cpu sampled,
+    the default, or PYOFFCPU_OFFCPU=shadow), taken by rseq_capture?"""
+    return o.mode in ("wall", "off") and o.offcpu in ("sampled", "shadow")
+
+
+def load_programs(o, consts: Dict[str, int], unwinder_now: bool, **kw):
+    """The Program of a recording with options o and load-time constants
+    consts (load_consts): only what the mode runs (no sched_switch in cpu
+    mode, no perf event in off mode), all verified at once; the unwinder's
+    with them when unwinder_now (else _attach verifies them after the
+    start), and they may fail, as rseq_capture may.  kw: bpfload.load's."""
+    from . import bpfload
+    from ..kernel import bpfsys
+    text, cflags = program_source()
+    sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
+    wake = wake_programs(o)
+    return bpfload.load(text, cflags,
+                        sizes=map_sizes(o, bool(consts["NATIVE_UNWIND"]), consts),
+                        skip=(() if switches else ("sched_switch",)) + (() if wake else ("sched_waking",)),
+                        preload=([("on_cpu_sample", bpfsys.PERF_EVENT)] if sampled else [])
+                        + [(fn, bpfsys.RAW_TRACEPOINT) for fn in wake],
+                        optional=(unwind_loader.program_specs(sampled, switches, bool(wake))
+                                  if unwinder_now else [])
+                        + ([("rseq_capture", bpfsys.RAW_TRACEPOINT)] if waits_sampled(o) else []),
+                        consts=consts, **kw)
+
+
 class SessionSetup:
     """The setup half of Session: its methods, on Session's state."""
 
     def _compile(self):
-        from . import bpfload
-        from ..kernel import bpfsys  # from the cache without clang; bcc (slow, maps LLVM) on a miss
+        """The programs loaded (from the package, the cache, or bcc on a
+        miss), the targets registered meanwhile (_head_start)."""
         o = self.opts
-        text, cflags = program_source()
         consts = load_consts(o, self.platform)
-        self._unwind_tables = bool(consts["NATIVE_UNWIND"])
-        # only what the mode runs (no sched_switch in cpu mode, no perf event in
-        # off mode), all verified at once; the unwinder's may fail (_attach),
-        # and are verified after the start unless --tables-first (_attach)
-        sampled, switches = o.mode in ("wall", "cpu"), o.mode in ("wall", "off")
+        self._unwind_tables = bool(consts["NATIVE_UNWIND"])     # (_head_start's unwinder)
         try:
-            self.bpf = bpfload.load(text, cflags,
-                                    sizes=map_sizes(o, self._unwind_tables, consts),
-                                    skip=(() if switches else ("sched_switch",))
-                                    + (() if self._wake_programs() else ("sched_waking",)),
-                                    preload=([("on_cpu_sample", bpfsys.PERF_EVENT)] if sampled else [])
-                                    + [(fn, bpfsys.RAW_TRACEPOINT) for fn in self._wake_programs()],
-                                    optional=(unwind_loader.program_specs(sampled, switches,
-                                                                          bool(self._wake_programs()))
-                                              if o.tables_first else [])
-                                    + ([("rseq_capture", bpfsys.RAW_TRACEPOINT)] if self._waits_sampled() else []),
-                                    notices=self.rec.notices, consts=consts,
-                                    meanwhile=self._head_start if not o.command else None)
+            self.bpf = load_programs(o, consts, unwinder_now=o.tables_first, notices=self.rec.notices,
+                                     meanwhile=self._head_start if not o.command else None)
         except Exception as e:
-            raise ProfilerError(f"cannot load the BPF programs: {str(e).strip().splitlines()[-1]}",
+            raise ProfilerError(f"cannot load the BPF programs: {one_line(e)}",
                                 DOCTOR)
         self._control = self.bpf["control"]
 
@@ -116,9 +144,7 @@ class SessionSetup:
             self.targets = self.unwinder = None
 
     def _waits_sampled(self) -> bool:
-        """Are waits' stacks owed by threshold sampling (--off-cpu sampled,
-        the default, or PYOFFCPU_OFFCPU=shadow), taken by rseq_capture?"""
-        return self.opts.mode in ("wall", "off") and self.opts.offcpu in ("sampled", "shadow")
+        return waits_sampled(self.opts)
 
     def _offcpu_mode(self) -> int:
         """control.offcpu (bpf/pyoffcpu.h: OFFCPU_*), once _attach knows
@@ -158,7 +184,7 @@ class SessionSetup:
             try:
                 self._fold_fd = self.bpf.load_func(b"fold_exit", RAW_TRACEPOINT).fd
             except Exception as e:      # noqa: BLE001 - user space folds them, as before
-                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                msg = one_line(e)
                 self.rec.notices.append(f"ended threads folded by pyoffcpu, not the kernel ({msg})")
         self._fold_loader = threading.Thread(target=load, name="pyoffcpu-fold", daemon=True)
         self._fold_loader.start()
@@ -194,16 +220,8 @@ class SessionSetup:
         except Exception:               # noqa: BLE001 - full: those threads fold here
             pass
 
-    # --wakers: the interrupt-context tracepoints, exits first (see bpf: wake_irq_enter)
-    WAKE_ATTACH = (("irq_handler_exit", "wake_irq_leave"), ("softirq_exit", "wake_irq_leave"),
-                   ("hrtimer_expire_exit", "wake_timer_leave"),
-                   ("irq_handler_entry", "wake_irq_enter"), ("softirq_entry", "wake_irq_enter"),
-                   ("hrtimer_expire_entry", "wake_timer_enter"))
-
     def _wake_programs(self) -> List[str]:
-        if not (self.opts.wakers and self.opts.mode in ("wall", "off")):
-            return []
-        return sorted({fn for _, fn in self.WAKE_ATTACH})
+        return wake_programs(self.opts)
 
     def _attach(self):
         from ..kernel.bpfsys import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE
@@ -216,7 +234,7 @@ class SessionSetup:
             # the raw tracepoints are attached at load (raw_tracepoint__*; in cpu
             # mode not sched_switch); --wakers' interrupt ones here, in order
             if self._wake_programs():
-                for tp, fn in self.WAKE_ATTACH:
+                for tp, fn in WAKE_ATTACH:
                     self.bpf.attach_raw_tracepoint(tp=tp, fn_name=fn)
         except Exception as e:
             raise ProfilerError(f"cannot attach BPF: {e}", DOCTOR)
@@ -229,7 +247,7 @@ class SessionSetup:
                 self.bpf.attach_raw_tracepoint(tp="rseq_update", fn_name="rseq_capture")
                 self._rseq_attached = True
             except Exception as e:      # noqa: BLE001 - exact, and said so
-                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                msg = one_line(e)
                 self.rec.notices.append(f"off-CPU stacks taken at every switch, as --off-cpu exact ({msg})")
         self.rec.offcpu = ("exact" if not self._rseq_attached else self.opts.offcpu)
         self.accounts.shadow_waits = self.rec.offcpu == "shadow"
@@ -308,7 +326,7 @@ class SessionSetup:
         self.unwinder = None
         if self.targets is not None:
             self.targets.unwinder = None
-        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        msg = one_line(e)
         self.rec.notices.append(f"native unwinding off ({msg}): frame-pointer user stacks")
 
     def _make_unwinder(self):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, List
 
 from ..collect import platform as P
+from ..collect.progcache import one_line
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -188,20 +189,14 @@ def _load_default_programs():
     programs a default recording loads, loaded as it loads them (the
     verifier runs) without a compile, then closed; raises what it raises."""
     import time
-    from ..collect import bpfload, sessionsetup
-    from ..collect.maps import map_sizes
+    from ..collect import sessionsetup
     from ..collect.recording import Options
-    from ..kernel import bpfsys
-    from ..native.unwind import loader as unwind_loader
     o = Options()
     consts = sessionsetup.load_consts(o, P.probe())
     t0 = time.monotonic()
-    prog = bpfload.load(*sessionsetup.program_source(), skip=("sched_waking",),
-                        preload=[("on_cpu_sample", bpfsys.PERF_EVENT)],
-                        optional=unwind_loader.program_specs(True, True, False)
-                        + [("rseq_capture", bpfsys.RAW_TRACEPOINT)],
-                        sizes=map_sizes(o, bool(consts["NATIVE_UNWIND"]), consts), consts=consts,
-                        may_compile=False)
+    # the unwinder's too, as --tables-first loads them (a default start
+    # verifies them just after): all that a default recording verifies
+    prog = sessionsetup.load_programs(o, consts, unwinder_now=True, may_compile=False)
     try:
         return (prog.origin, len(prog.funcs), sorted(n.decode() for n in prog.load_errors),
                 time.monotonic() - t0)
@@ -218,8 +213,7 @@ def check_programs() -> List[Check]:
         origin, n, refused, took = _load_default_programs()
         error = ""
     except Exception as e:                                  # noqa: BLE001 - the finding
-        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        error = lines[-1].strip() if lines else type(e).__name__
+        error = one_line(e)
     have_bcc, bcc_line = _check_bcc(needed=bool(error))
     have_headers, headers_line = _check_headers(needed=bool(error))
     out = [bcc_line, headers_line]
