@@ -181,7 +181,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
  * call entry saves the call's number in orig_ax and -ENOSYS in ax, which
  * stays there until the call returns; a fault leaves the user's rax in ax
  * and its error code in orig_ax, an interrupt ~vector (< 0).  One read of
- * pt_regs from ax to cs (offsets from BTF: -DSYS_REGS_*_OFF), no user
+ * pt_regs from ax to cs (offsets from BTF: SYS_REGS_*_OFF), no user
  * memory: the instruction before the user pc, read here before, was a
  * third of a switch-out's cost. */
 #define NEG_ENOSYS (-38)

@@ -16,9 +16,10 @@
  *   SAMPLE_PERIOD_NS      on-CPU sampling period
  *   KERNEL_STACKS         1 to capture kernel stacks
  *   SYSTEM_WIDE           1 to take every process, not only those in `procs`
+ *   WAKERS, ASYNC_TASKS, TIMELINE   1 with --wakers, --async, --timeline
  *   EXIT_GROUP_DEAD       1 if sched_process_exit passes group_dead (BTF)
- *   SYS_REGS_IP_OFF, SYS_REGS_CS_OFF, SYS_REGS_ORIG_AX_OFF   pt_regs offsets (BTF), for
- *                         the system call a thread blocks in (none: not told)
+ *   SYS_REGS_AX_OFF, SYS_REGS_ORIG_AX_OFF, SYS_REGS_CS_OFF   pt_regs offsets (BTF), for
+ *                         the system call a thread blocks in (orig_ax past 128 bytes: none)
  *   NATIVE_UNWIND         1 to walk user stacks with .eh_frame tables (bpf/unwind.c;
  *                         0: frame pointers, through the same finishing programs)
  *   TASK_RSEQ_OFF         offsetof(task_struct, rseq), from BTF (-1: not known)
@@ -164,7 +165,7 @@ static __always_inline u32 gil_state(struct proc_info *pi, u64 tstate)
 
 /* The current thread's user registers, as saved at kernel entry (right for
  * a sample taken in kernel mode and at sched_switch alike); 0 when it has
- * none.  pt_regs offsets from BTF (-DPT_REGS_*_OFF, with NATIVE_UNWIND). */
+ * none.  pt_regs offsets from BTF (PT_REGS_*_OFF, loadconst.h). */
 static __always_inline int current_user_regs(u64 *pc, u64 *sp, u64 *bp, u64 *bx)
 {
     if (!NATIVE_UNWIND)

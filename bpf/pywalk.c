@@ -4,9 +4,10 @@
  * process (last_thread_exits).  Inlined by the loader (its include is
  * marked `inline`: it uses maps, which bcc rewrites only in the main file).
  *
- * The includer provides: pyoffcpu.h, count_drop(idx) (the DROP_* counters),
- * TASK_FSBASE_OFF (-D, from BTF); ASYNC_TASKS and EXIT_GROUP_DEAD (0 when
- * not defined). */
+ * The includer provides: pyoffcpu.h (with it loadconst.h: TASK_FSBASE_OFF,
+ * EXIT_GROUP_DEAD and ASYNC_TASKS, set at load time unless the includer
+ * defines them first, as crashes.bpf.c does ASYNC_TASKS) and count_drop(idx)
+ * (the DROP_* counters). */
 
 /* At sched_process_exit, in the exiting thread: does the process end with
  * it?  The tracepoint says so (group_dead) where the kernel passes it

@@ -36,7 +36,7 @@
  * frame pointer.  Each caller frame is counted under the method that found
  * it (native_stack.methods).
  *
- * Set by the loader with -D:
+ * Set by the loader at load time (loadconst.h):
  *   PT_REGS_IP_OFF, PT_REGS_SP_OFF, PT_REGS_BP_OFF, PT_REGS_BX_OFF, PT_REGS_CS_OFF   (BTF)
  */
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Verifier cost of each of pyoffcpu's BPF programs ("processed N insns" of
 the 1M limit, and the kernel's verification time), as the session builds them
-(same -D flags).
+(the same load-time constants).
 
     sudo .venv/bin/python tools/bpf_insns.py        # PYOFFCPU_NATIVE_UNWIND=0 for the FP build
 
