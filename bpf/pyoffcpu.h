@@ -93,13 +93,46 @@ struct proc_info {
     int interp_threads_head;
     int tstate_next;
     int tstate_thread_id;           /* pthread_self() of the thread: its thread pointer */
+    /* A code object's stamp (py_frame.stamp, pywalk.c: code_stamp):
+     * CODE_STAMP_SPAN bytes read at code + code_stamp_lo (the 8-byte word
+     * of its first line), mixed: that word, then the 4 words at
+     * code_stamp_ptrs in the copy (file name, name, qualified name, line
+     * table; <= 3.10: 3), those code_stamp_words leaves out as zeros; then
+     * NAME_STAMP_SPAN bytes of the str at word code_stamp_name of the copy
+     * (its qualified name), read at name_stamp_lo (its length), mixed: its
+     * length, and the 2 words of its text at name_stamp_text that lie
+     * within it and its NUL, where the 32-bit state at name_stamp_state
+     * says it is compact ASCII; none of it without name_stamp_on
+     * (pytool/pyoffcpu/cpython/code.py: StampLayout). */
+    int code_stamp_lo;
+    int code_stamp_ptrs;
+    int code_stamp_words;
+    int code_stamp_name;
+    int name_stamp_lo;
+    int name_stamp_state;
+    int name_stamp_text;
+    int name_stamp_on;
 };
 
 struct py_frame {
     unsigned long long code;        /* PyCodeObject* */
     int offset;                     /* bytes into the bytecode (<= 3.10: f_lasti as stored) */
     unsigned int flags;
+    /* Which code object lay at `code` when the frame was read: a mix of its
+     * first line, the addresses of its file name, name, qualified name and
+     * line table, and its qualified name's length and first characters
+     * (nothing a code object changes while it lives); 0: not read.  A code
+     * object's address is reused once it is freed, and its strings' with
+     * it: user space names a frame by (code, stamp), never by the address
+     * alone, and a stamp that no longer matches what lies there is a code
+     * object freed before it could be read (pywalk.c: code_stamp). */
+    unsigned long long stamp;
 };
+
+#define CODE_STAMP_SPAN   96        /* bytes read per code object */
+#define NAME_STAMP_SPAN   48        /* bytes read of its qualified name */
+#define CODE_STAMP_SEED   0x9e3779b97f4a7c15ULL
+#define CODE_STAMP_PRIME  0x100000001b3ULL
 
 struct pystack {
     unsigned long long hash;        /* key of the stack in pystack_seen */

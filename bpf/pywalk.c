@@ -106,6 +106,11 @@ struct frame_win {
     u64 mark_interp;                /* 0: none (any more) */
     u64 mark_word;                  /* its flags << 32 | its id */
     u64 next_chain;
+    u64 stamp_code, stamp;          /* the last code object stamped, its stamp */
+    u64 mix, text_end;              /* code_stamp's */
+    u8 cs[CODE_STAMP_SPAN + 64];    /* code_stamp's copies: of the code object, */
+    u8 ns[NAME_STAMP_SPAN + 32];    /* of its qualified name (room past the reads
+                                       for the masked offsets) */
     u8 b[PYWIN + 136];
 };
 /* Per CPU, one for each program that may run while another's walk is under
@@ -117,6 +122,48 @@ struct frame_win {
  * out torn (CI's deep recursion test, off-CPU waits with 63 of 128 frames). */
 #define FRAME_WIN_SLOTS 3
 BPF_PERCPU_ARRAY(frame_win, struct frame_win, FRAME_WIN_SLOTS);
+
+/* The stamp of the code object at `code` (py_frame.stamp; proc_info says
+ * what it mixes): two reads, the code object's span and its qualified
+ * name's; odd when read, 0 when the code object could not be read (without
+ * the name's, its part alone).  Straight-line and without
+ * a branch on what was read (a comparison is one here, and each would
+ * double the verifier's paths at every frame): a word left out is mixed as
+ * zero, "a - b < 0" is the top bit of a - b, every value far below 2^63.
+ * The running mix is kept in the map value: the walk around this leaves
+ * few registers free.  User space computes the same from its own reads
+ * (cpython/code.py: CodeReader.stamp). */
+static __always_inline u64 stamp_mix(u64 h, u64 w)
+{
+    return (h ^ w) * CODE_STAMP_PRIME;
+}
+
+static __always_inline u64 code_stamp(struct proc_info *pi, struct frame_win *win, u64 code)
+{
+    if (bpf_probe_read_user(win->cs, CODE_STAMP_SPAN, (void *)(code + ((u64)pi->code_stamp_lo & 255))) != 0)
+        return 0;
+    u64 ptrs = (u64)pi->code_stamp_ptrs & 127;
+    u64 sel = (u64)pi->code_stamp_words;
+    win->mix = stamp_mix(CODE_STAMP_SEED, *(u64 *)win->cs);            /* the first line's word */
+    win->mix = stamp_mix(win->mix, *(u64 *)(win->cs + ptrs) & -(sel & 1));
+    win->mix = stamp_mix(win->mix, *(u64 *)(win->cs + ptrs + 8) & -((sel >> 1) & 1));
+    win->mix = stamp_mix(win->mix, *(u64 *)(win->cs + ptrs + 16) & -((sel >> 2) & 1));
+    win->mix = stamp_mix(win->mix, *(u64 *)(win->cs + ptrs + 24) & -((sel >> 3) & 1));
+    u64 name = *(u64 *)(win->cs + ((u64)pi->code_stamp_name & 127));
+    if (bpf_probe_read_user(win->ns, NAME_STAMP_SPAN, (void *)(name + ((u64)pi->name_stamp_lo & 255))) != 0)
+        return win->mix | 1;        /* no name to read: the code object's part */
+    u32 state = *(u32 *)(win->ns + ((u64)pi->name_stamp_state & 31));
+    u64 len = *(u64 *)win->ns;
+    u64 text = (u64)pi->name_stamp_text & 63;
+    u64 on = (u64)pi->name_stamp_on & 1;
+    u64 ascii = (state >> 5) & (state >> 6) & 1;        /* compact ASCII */
+    u64 short_ = ((len - 4096) >> 63) & ~(len >> 63);
+    u64 end = (text + (len & 4095) + 1) & -(ascii & short_ & on);  /* its text, with its NUL */
+    win->mix = stamp_mix(win->mix, len & -on);
+    win->mix = stamp_mix(win->mix, *(u64 *)(win->ns + text) & -(((end - text - 8) >> 63) ^ 1));
+    win->mix = stamp_mix(win->mix, *(u64 *)(win->ns + text + 8) & -(((end - text - 16) >> 63) ^ 1));
+    return win->mix | 1;
+}
 
 /* Do [addr, addr + n) lie in the copy of [lo, lo + len)?  Written so that
  * nothing wraps around, whatever addr holds. */
@@ -258,6 +305,7 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
      * same unknown values on every path through the loop body, and prunes. */
     win->below = ~(4095 & iframes);     /* 3.11+: from the frame's page start */
     win->lo = win->len = 0;
+    win->stamp_code = win->stamp = 0;
     u64 task_frame = 0;
     u32 i;
     for (i = 0; i < MAX_PY_DEPTH; i++) {
@@ -272,6 +320,7 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
             mark->code = mi;
             mark->offset = (int)(u32)word;
             mark->flags = (u32)(word >> 32);
+            mark->stamp = 0;
             h = mix(h, mi);
             h = mix(h, word);
             win->mark_interp = 0;
@@ -303,7 +352,15 @@ static __always_inline u64 walk_python(struct proc_info *pi, struct pystack *st,
         pf->code = code;
         pf->offset = (int)offset;
         pf->flags = flags;
+        /* a recursion's frames share one code object: stamped once */
+        if (code != win->stamp_code) {
+            win->stamp_code = code;
+            win->stamp = code_stamp(pi, win, code);
+        }
+        u64 stamp = win->stamp;
+        pf->stamp = stamp;
         h = mix(h, code);
+        h = mix(h, stamp);
         h = mix(h, ((u64)flags << 32) | offset);
         if (ASYNC_TASKS) {
             /* owner == FRAME_OWNED_BY_GENERATOR (1, 3.11+), without a branch:

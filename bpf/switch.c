@@ -194,10 +194,11 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     us->owed = 0;
     capture(ctx, key, tgid, prev, 1, 1);
     unwind_tp_progs.call(ctx, 1);       /* memo_tp */
-    struct offcpu_start st = {};        /* the tail call failed */
-    st.key = *key;
-    st.ts = now;
-    if (offcpu_start.update(&prev, &st) != 0)
+    /* the tail call failed: us begins with an offcpu_start (key, ts), not
+     * copied to the stack, whose 512 bytes the inlined walks use up */
+    _Static_assert(__builtin_offsetof(struct unwind_state, ts) == __builtin_offsetof(struct offcpu_start, ts) &&
+                   __builtin_offsetof(struct unwind_state, key) == 0, "unwind_state starts as offcpu_start");
+    if (offcpu_start.update(&prev, (struct offcpu_start *)us) != 0)
         count_drop(DROP_START_FULL);
     return 0;
 }

@@ -43,10 +43,12 @@ def main() -> int:
     for name, fn in s.bpf.funcs.items():
         insns = re.search(r"processed (\d+) insns", fn.log)
         usec = re.search(r"verification time (\d+) usec", fn.log)
+        depth = re.search(r"stack depth ([\d+]+)", fn.log)
         if insns:
             c = int(insns.group(1))
             took = f"  {int(usec.group(1)) / 1000:7.1f} ms" if usec else ""
-            print(f"  {name.decode():34s} {c:8d} insns  ({100 * c / 1e6:.0f}% of the 1M limit){took}")
+            stack = f"  stack {depth.group(1)}" if depth else ""
+            print(f"  {name.decode():34s} {c:8d} insns  ({100 * c / 1e6:.0f}% of the 1M limit){took}{stack}")
     s.bpf.cleanup()
     return 0
 

@@ -130,6 +130,7 @@ class CrashEvent:
 class CapturedMemory(WordReads):
     """ProcessMemory's interface over the ranges a capture copied: a read
     is answered only when it lies wholly inside one of them."""
+    snapshot = True
 
     def __init__(self, ranges: Sequence[Tuple[int, bytes]]):
         self._ranges = sorted(((a, bytes(b)) for a, b in ranges if b), key=lambda r: r[0])

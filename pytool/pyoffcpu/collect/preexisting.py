@@ -146,8 +146,9 @@ class BlockedThreads:
         """A Python stack read in user space, kept beside BPF's with its code
         objects; its hash (bit 62 set, as every one read in user space; the
         image's epoch in it, as BPF mixes it into its own)."""
-        pyhash = (hash((tgt.pid, tid, tgt.epoch, tuple(frames))) & ((1 << 62) - 1)) | (1 << 62)
-        infos = code_infos(tgt.reader, frames)
+        stamps = [tgt.reader.stamp(code) for code, _, _ in frames]
+        pyhash = (hash((tgt.pid, tid, tgt.epoch, tuple(frames), tuple(stamps))) & ((1 << 62) - 1)) | (1 << 62)
+        infos = code_infos(tgt.reader, frames, stamps)
         self.s.rec.pystacks[pyhash] = PyStack(tgt.pid, PYS_TRUNCATED if truncated else 0, frames,
                                             infos, tgt.python)
         return pyhash

@@ -97,11 +97,14 @@ class PyStack:
     task_frame: int = 0
 
 
-def code_infos(reader, frames) -> List[Optional[CodeInfo]]:
+def code_infos(reader, frames, stamps=None) -> List[Optional[CodeInfo]]:
     """The code objects of a Python stack's frames, read by `reader` (a
-    CodeReader); None for a subinterpreter's mark (PYF_INTERP), which is
-    an interpreter, not code."""
-    return [None if flags & bpfdefs.PYF_INTERP else reader.code(code) for code, _, flags in frames]
+    CodeReader); stamps: BPF's, one per frame (None: a stack read in user
+    space, stamped as it is read).  None for a subinterpreter's mark
+    (PYF_INTERP), which is an interpreter, not code."""
+    stamps = stamps or [None] * len(frames)
+    return [None if flags & bpfdefs.PYF_INTERP else reader.code(code, stamp)
+            for (code, _, flags), stamp in zip(frames, stamps)]
 
 
 @dataclass

@@ -119,6 +119,7 @@ class Session(SessionSetup):
         raw = t.from_buffer_copy(data.ljust(ctypes.sizeof(t), b"\0"))     # (short: zeros after it)
         n = min(raw.depth, len(raw.frames))
         frames = [(raw.frames[i].code, raw.frames[i].offset, raw.frames[i].flags) for i in range(n)]
+        stamps = [raw.frames[i].stamp for i in range(n)]
         tgt = self.targets.get(raw.tgid)
         if tgt is None and self.opts.follow:
             # a child BPF registered at its fork, before the loop took it in
@@ -127,7 +128,7 @@ class Session(SessionSetup):
             tgt = self.targets.get(raw.tgid)
         infos = python = None
         if tgt is not None and tgt.reader is not None and raw.epoch == tgt.epoch:
-            infos = code_infos(tgt.reader, frames)
+            infos = code_infos(tgt.reader, frames, stamps)
             python = tgt.python
         self.rec.pystacks[raw.hash] = PyStack(raw.tgid, raw.flags, frames, infos, python,
                                               raw.task_frame)

@@ -24,6 +24,7 @@ def readable_range(addr: int, size: int) -> bool:
 class WordReads:
     """u64, i64, u32, i32 over a class's read(addr, size) (little-endian):
     a live process's memory, a core's, a crash capture's."""
+    snapshot = False    # True: memory that does not change (a core, a capture)
 
     def read(self, addr: int, size: int) -> bytes:
         raise NotImplementedError

@@ -425,6 +425,7 @@ def segment_at(core: Core, addr: int) -> Optional[Segment]:
 
 
 class CoreMemory(WordReads):
+    snapshot = True
     """A dead process's memory, with the interface of ProcessMemory: the
     core's bytes where it kept them, else the bytes of the file mapped
     there, for the files `files` vouches for (path we can open, by the

@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 from ..kernel import bpfdefs
 from ..cpython import detect
+from ..cpython.code import StampLayout
 
 
 def gc_flag(py: detect.PythonProcess) -> Tuple[int, int]:
@@ -51,6 +52,7 @@ def fill_proc_info(info, py: Optional[detect.PythonProcess], epoch: int,
                  "iframe_code", "iframe_previous", "iframe_instr", "iframe_is_entry",
                  "iframe_owner", "code_code_adaptive"):
         setattr(info, name, o[name])
+    StampLayout.of(o).fill(info)
     if gil is not None:
         info.tstate_interp = o["tstate_interp"]
         info.interp_ceval_gil = gil.interp_ceval_gil
