@@ -75,9 +75,11 @@ def owner():
         time.sleep(0.01)
 
 
-# The contender's own clock of its lock waits: SIGUSR2 prints `contended NS`,
-# the wait since the last SIGUSR2 (a wait under way is cut at the signal).
+# The contender's own clock of its lock waits: SIGUSR2 prints `contended NS
+# WINDOW_NS`, the wait since the last SIGUSR2 (a wait under way is cut at the
+# signal) and the time since it.
 CONTENDED = [0, None]               # ns counted, start of the wait under way
+LAST_MARK = [time.monotonic_ns()]
 
 
 def contender():
@@ -97,7 +99,8 @@ def mark(*_):
     CONTENDED[0] = 0
     if since is not None:
         CONTENDED[1] = now
-    print("contended", total, flush=True)
+    window, LAST_MARK[0] = now - LAST_MARK[0], now
+    print("contended", total, window, flush=True)
 
 
 def main():
