@@ -127,9 +127,12 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     """Workers that live one task each (~0.4 s, less than a look at /proc):
     forked ones have the parent's registration from their first
     instruction; spawned ones are read at their exec (BPF's loop_wakes
-    ends the loop's wait), so only their interpreter's start-up (imports,
-    ~10% of 0.4 s) is outside task(), and nearly all of it has Python
-    frames."""
+    ends the loop's wait), so only their interpreter's start-up is outside
+    task(), and nearly all of it has Python frames.  Known truth: task()
+    spins 0.3 s of its thread's CPU time, each of them under its own name
+    (the sampling period, 10 ms, apart).  A share of the worker's time
+    would not do: a spawned one's start-up (its imports) took 8% of it on
+    one machine and 25% on a slower one."""
     w = Workload(python_or_skip("debian-3.11"), "short_pool.py", method, 60)
     res, prof = record_pool(tmp_path, w, "--mode", "cpu")
     on, with_py, in_task = {}, {}, {}
@@ -146,8 +149,11 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     shares = sorted((with_py.get(p, 0) / on[p], in_task.get(p, 0) / on[p]) for p in workers)
     print(f"\n{method}: {len(workers)} workers; (with Python frames, in task) {shares}")
     assert len(workers) == 8, (on, res.stderr)
-    assert all(py >= 0.9 for py, _ in shares), shares
-    assert sum(in_task.get(p, 0) for p in workers) >= 0.85 * sum(on[p] for p in workers), shares
+    assert all(0.27e9 <= in_task.get(p, 0) <= 0.33e9 for p in workers), sorted(in_task.values())
+    # what has no Python frame: the interpreter's start before its first
+    # frame and its end after the last, ~20-40 ms
+    assert all(on[p] - with_py.get(p, 0) <= 0.06e9 for p in workers), [
+        (on[p], with_py.get(p, 0)) for p in workers]
 
 
 @pytest.mark.parametrize("offcpu", ["exact", "sampled"])
