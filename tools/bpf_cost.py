@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,8 @@ def main():
         sys.exit("bpf_cost: no pyenv 3.11 found; give --python")
     with open(SYSCTL) as f:
         old = f.read().strip()
+    # a kill (timeout, pkill) still ends the switch generator and restores the sysctl
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bpf_cost: terminated"))
     gen = subprocess.Popen([sys.executable, "-c", PINGPONG], start_new_session=True)
     try:
         with open(SYSCTL, "w") as f:
