@@ -184,7 +184,9 @@ def test_wakers_name_who_ended_each_wait(tmp_path, bpf, label):
         time.sleep(2)
         os.kill(w.pid, signal.SIGUSR2)
         p.send_signal(signal.SIGINT)
-        contended, window = map(int, w.proc.stdout.readline().split()[1:3])
+        marked = w.proc.stdout.readline().split()
+        contended, window = int(marked[1]), int(marked[2])
+        longest = {k: int(v) for k, v in (kv.split("=") for kv in marked[4:])}
         stderr = p.communicate(timeout=60)[1]
         assert p.returncode == 0, stderr
         res = subprocess.CompletedProcess(p.args, 0, "", stderr)
@@ -212,9 +214,12 @@ def test_wakers_name_who_ended_each_wait(tmp_path, bpf, label):
         total = sum(ns for _, ns in waits)
         good = sum(ns for k, ns in waits if k.waker and test(k.waker))
         # a wait open at the start (begun before BPF saw it) and one open at
-        # the end have no waker: up to one 50 ms period each, 5% of 2 s
-        assert total > 0.5e9 and total - good <= max((1 - SHARE) * total, 0.11e9), (
-            name, reason, total, [(k.waker, ns) for k, ns in waits][:5])
+        # the end have no waker: about one 50 ms period each, more on a
+        # loaded machine (121 ms of the reader's in one CI run): at most two
+        # of the thread's longest waits by its own clock, and 10 ms
+        bound = max((1 - SHARE) * total, 2 * longest[name] + 0.01e9)
+        assert total > 0.5e9 and total - good <= bound, (
+            name, reason, total, bound, [(k.waker, ns) for k, ns in waits][:5])
 
     def woken_at(tid, line):
         def test(chain):

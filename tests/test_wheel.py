@@ -175,9 +175,13 @@ def test_the_same_wheel_in_the_debian_testing_root_records_its_3_14(wheel, tmp_p
     assert len(prof.processes) == 1, res.stderr
     pid = next(iter(prof.processes))
     _, share, _ = main_shares(prof, pid)
-    # a command's recording ends with -d: the split holds over whole cycles
-    assert abs(share.get(SPLIT_CPU, 0) - 50) <= 3, share
-    assert abs(share.get(SPLIT_SLEEP, 0) + share.get(SPLIT_LOCK, 0) - 50) <= 3, share
+    # a command's recording takes in the interpreter's start (no main(): 3% of
+    # it on one machine, 6.5% on a slower one), then ends with -d: the split
+    # holds over main()'s whole cycles
+    in_main = 100 - share.get(None, 0)
+    assert in_main >= 85, share
+    assert abs(100 * share.get(SPLIT_CPU, 0) / in_main - 50) <= 3, share
+    assert abs(100 * (share.get(SPLIT_SLEEP, 0) + share.get(SPLIT_LOCK, 0)) / in_main - 50) <= 3, share
     rows = doctor_rows(doctor.stdout)
     assert doctor.returncode == 0 and rows["BPF programs"][0] == "ok", doctor.stdout + doctor.stderr
     assert rows["BPF programs"][1].startswith("the package's"), doctor.stdout

@@ -28,14 +28,26 @@ data_r, data_w = os.pipe()
 empty_r, _empty_w = os.pipe()
 
 
+# The longest wait of a thread since the last SIGUSR2 (its own clock), by name
+LONGEST = {"sleeper": 0, "reader": 0, "contender": 0}
+
+
+def waited(name, t0):
+    LONGEST[name] = max(LONGEST[name], time.monotonic_ns() - t0)
+
+
 def sleeper():
     while time.monotonic() < END:
+        t0 = time.monotonic_ns()
         time.sleep(0.05)            # SLEEP
+        waited("sleeper", t0)
 
 
 def reader():
     while time.monotonic() < END:
+        t0 = time.monotonic_ns()
         os.read(data_r, 1)          # READ
+        waited("reader", t0)
 
 
 def writer():
@@ -76,8 +88,9 @@ def owner():
 
 
 # The contender's own clock of its lock waits: SIGUSR2 prints `contended NS
-# WINDOW_NS`, the wait since the last SIGUSR2 (a wait under way is cut at the
-# signal) and the time since it.
+# WINDOW_NS longest sleeper=NS reader=NS contender=NS`, the wait since the
+# last SIGUSR2 (a wait under way is cut at the signal), the time since it, and
+# the longest wait of those threads since it.
 CONTENDED = [0, None]               # ns counted, start of the wait under way
 LAST_MARK = [time.monotonic_ns()]
 
@@ -86,7 +99,9 @@ def contender():
     while time.monotonic() < END:
         CONTENDED[1] = time.monotonic_ns()
         lock2.acquire()             # CONTEND
-        CONTENDED[0] += time.monotonic_ns() - CONTENDED[1]
+        took = time.monotonic_ns() - CONTENDED[1]
+        CONTENDED[0] += took
+        LONGEST["contender"] = max(LONGEST["contender"], took)
         CONTENDED[1] = None
         lock2.release()
         time.sleep(0.02)
@@ -100,7 +115,9 @@ def mark(*_):
     if since is not None:
         CONTENDED[1] = now
     window, LAST_MARK[0] = now - LAST_MARK[0], now
-    print("contended", total, window, flush=True)
+    longest = " ".join("%s=%d" % kv for kv in sorted(LONGEST.items()))
+    LONGEST.update(dict.fromkeys(LONGEST, 0))
+    print("contended", total, window, "longest", longest, flush=True)
 
 
 def main():
