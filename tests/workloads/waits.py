@@ -33,7 +33,10 @@ LONGEST = {"sleeper": 0, "reader": 0, "contender": 0}
 
 
 def waited(name, t0):
-    LONGEST[name] = max(LONGEST[name], time.monotonic_ns() - t0)
+    """The wait since t0, kept if it is the thread's longest."""
+    took = time.monotonic_ns() - t0
+    LONGEST[name] = max(LONGEST[name], took)
+    return took
 
 
 def sleeper():
@@ -99,9 +102,7 @@ def contender():
     while time.monotonic() < END:
         CONTENDED[1] = time.monotonic_ns()
         lock2.acquire()             # CONTEND
-        took = time.monotonic_ns() - CONTENDED[1]
-        CONTENDED[0] += took
-        LONGEST["contender"] = max(LONGEST["contender"], took)
+        CONTENDED[0] += waited("contender", CONTENDED[1])
         CONTENDED[1] = None
         lock2.release()
         time.sleep(0.02)

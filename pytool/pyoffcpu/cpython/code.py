@@ -6,10 +6,11 @@ stack arrives, so a target that exits keeps its names, and cached by (address,
 stamp): a code object's address is reused once it is freed (a module's code
 after its import, a function's redefined), so the address alone does not say
 which code object a frame ran.  The stamp (bpf/pywalk.c: code_stamp) mixes
-the first line and the addresses of the file name, name, qualified name and
-line table, fields fixed for a code object's life: the entry of a freed code
-object is never given for a new one at its address unless the new one holds
-those very objects, which then say the same.  A read whose stamp is not the
+the first line, the addresses of the file name, name, qualified name and line
+table, and the qualified name's length and first 16 characters, nothing a
+code object changes while it lives (StampLayout): the entry of a freed code
+object is given for a new one at its address only where all of those are the
+same (docs/interpreters.md says what that leaves).  A read whose stamp is not the
 frame's found another object there: the frame's code was freed before it
 could be read, and is named FREED, never by what lies there now.
 """
