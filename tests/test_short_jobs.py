@@ -4,8 +4,14 @@ user space of a process's first sample without a registration at once
 (loop_wakes), and its interpreter is looked for again while it starts,
 so a job's samples have its Python frames from the moment its interpreter
 has bound its thread state.  Known truth: each job spends 0.3 s of CPU in
-work(), all but its start-up (~10-30 ms: the interpreter's own, with no
-Python frame to show)."""
+work(); the rest is its start-up (the interpreter's own, with no Python
+frame to show: ~10-30 ms here, 9% of a job on a loaded CI machine), so
+the test holds the time under work() to the jobs' own 0.3 s, not to a
+share of their time.  A starting interpreter is looked for again at
+intervals of half the time it has waited (targets/processes.py), so its
+first Python frames may come up to half its start-up late: the chroot's
+3.14 jobs lost 8% of work() that way here.  At 499 Hz: 3,000 samples in
+work() in all, sigma about 1%."""
 import os
 import subprocess
 import threading
@@ -19,7 +25,7 @@ from pyoffcpu.profile.model import FrameKind, from_folded
 LABELS = ["debian-3.11", "pyenv-3.12", "debian-3.14"]   # static, shared libpython, the chroot's
 JOBS = 20
 JOB_CPU_S = 0.3
-SHARE = 0.90                    # of a job's on-CPU time under work()
+WORK_BOUNDS = (0.85, 1.10)      # the time under work(), of JOBS * JOB_CPU_S
 
 
 def job_argv(label):
@@ -34,7 +40,7 @@ def job_argv(label):
 def test_short_jobs_under_all_have_their_python_frames(tmp_path, bpf, label):
     argv = job_argv(label)
     out = tmp_path / "all.folded"
-    prof_proc = subprocess.Popen(pyoffcpu_cmd("-a", "-d", "15", "-o", str(out)), env=env(),
+    prof_proc = subprocess.Popen(pyoffcpu_cmd("-a", "-d", "15", "-F", "499", "-o", str(out)), env=env(),
                                  stderr=subprocess.PIPE, text=True)
     pids = []
 
@@ -71,12 +77,13 @@ def test_short_jobs_under_all_have_their_python_frames(tmp_path, bpf, label):
     for share, pid, t in worst:
         if share < 0.5:
             print("\njob %d: %.0f%% under work(): %s" % (pid, 100 * share, _stacks(prof, pid)))
-    print("\n%s: %.1f%% of %d jobs' %.2f s on-CPU under work(); worst %s" % (
-        label, 100 * in_work / max(total, 1), JOBS, total / 1e9,
+    print("\n%s: work() %.2f s of its %.2f s; %.1f%% of %d jobs' %.2f s on-CPU; worst %s" % (
+        label, in_work / 1e9, JOBS * JOB_CPU_S, 100 * in_work / max(total, 1), JOBS, total / 1e9,
         [("%.0f%%" % (100 * s), n / 1e9) for s, _, n in worst[:3]]))
-    # every job was seen for most of its CPU time, and most of it under work()
+    # every job was seen for its CPU time, and its work() had its frames
     assert total >= 0.8 * JOBS * JOB_CPU_S * 1e9, total
-    assert in_work >= SHARE * total, (worst[:5], _stacks(prof, worst[0][1]))
+    lo, hi = (b * JOBS * JOB_CPU_S * 1e9 for b in WORK_BOUNDS)
+    assert lo <= in_work <= hi, (in_work, worst[:5], _stacks(prof, worst[0][1]))
 
 
 def _stacks(prof, pid):

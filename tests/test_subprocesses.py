@@ -42,7 +42,10 @@ def check_pool(prof, res, parent, min_work_s):
             if names and names[-1][0] == "work":
                 assert names[-1][1] in WORK_LINES, names
                 in_work += ns
-        # each spins 1 s of its CPU time, with pickling and the pool's code around it
+        # each spins 1 s of its CPU time, with pickling and the pool's code
+        # around it.  The callers sample at 997 Hz: four workers on two CPUs
+        # run in slices of a few ms, and at 99 Hz each slice gets 0 or 1
+        # sample (sigma ~8% of the spin); at 997 Hz sigma is under 1%.
         assert min_work_s * 1e9 <= in_work <= 1.1e9, (pid, in_work, on, res.stderr)
     # the parent's main thread waits for them in pool.map, off the CPU
     waited = sum(ns for k, ns in prof.weights.items()
@@ -61,7 +64,7 @@ def test_pool_of_a_launched_command(tmp_path, bpf, label, monkeypatch):
     # so every worker must have them for its whole spin.
     monkeypatch.setenv("POOL_SLEEP", "0.5")
     python = python_or_skip(label)
-    res, prof = record_folded(tmp_path, "--subprocesses", "--", python,
+    res, prof = record_folded(tmp_path, "--subprocesses", "-F", "997", "--", python,
                               os.path.join(WORKLOADS, "pool.py"), "1")
     check_pool(prof, res, min(prof.processes), min_work_s=0.95)
 
@@ -77,7 +80,7 @@ def test_pool_of_a_registered_process_has_frames_from_each_fork(tmp_path, bpf, l
             label, os.path.join(chroot_workloads(), "pool.py"), 1, 60, proc=True))
     else:
         w = Workload(python, "pool.py", 1, 60)
-    res, prof = record_pool(tmp_path, w)
+    res, prof = record_pool(tmp_path, w, "-F", "997")
     check_pool(prof, res, w.pid, min_work_s=0.97)
 
 
@@ -129,12 +132,14 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     instruction; spawned ones are read at their exec (BPF's loop_wakes
     ends the loop's wait), so only their interpreter's start-up is outside
     task(), and nearly all of it has Python frames.  Known truth: task()
-    spins 0.3 s of its thread's CPU time, each of them under its own name
-    (the sampling period, 10 ms, apart).  A share of the worker's time
-    would not do: a spawned one's start-up (its imports) took 8% of it on
-    one machine and 25% on a slower one."""
+    spins 0.3 s of its thread's CPU time, each of them under its own name.
+    A share of the worker's time would not do: a spawned one's start-up
+    (its imports) took 8% of it on one machine and 25% on a slower one.
+    At 997 Hz: at the default 99 Hz a worker that shares a CPU in 4 ms
+    slices gets 0 or 1 sample a slice, ~30 in all, with sigma ~4 samples
+    (14%: a loaded CI machine went past 10%); at 997 Hz ~300, sigma ~1%."""
     w = Workload(python_or_skip("debian-3.11"), "short_pool.py", method, 60)
-    res, prof = record_pool(tmp_path, w, "--mode", "cpu")
+    res, prof = record_pool(tmp_path, w, "--mode", "cpu", "-F", "997")
     on, with_py, in_task = {}, {}, {}
     for k, ns in prof.weights.items():
         if k.pid == w.pid or k.off_cpu is not None:
