@@ -304,6 +304,16 @@ def run_pyoffcpu(*args, timeout=120, env_extra=None):
                           text=True, timeout=timeout)
 
 
+def steal_s() -> float:
+    """The machine's CPU time stolen by its hypervisor so far (s, all CPUs,
+    from /proc/stat).  A thread's time on a CPU by the clock (pyoffcpu's
+    on-CPU time) includes what was stolen while it was current; its own
+    CPU clock (thread_time) does not."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 def record_folded(tmp_path, *args, name="out.folded", env_extra=None, timeout=120):
     """Run pyoffcpu to a folded file; returns (CompletedProcess, Profile)."""
     from pyoffcpu.profile.model import from_folded

@@ -9,17 +9,10 @@ import re
 import pytest
 
 from conftest import (CHROOT_LABELS, MATRIX_LABELS, Workload, chroot_cmd, chroot_workloads,
-                      python_or_skip, run_pyoffcpu)
+                      python_or_skip, run_pyoffcpu, steal_s)
 
 GIL_LABELS = MATRIX_LABELS + ["debian-3.14", "debian-3.14d", "debian-3.15", "debian-3.15d"]
 SECONDS = 2
-
-
-def steal_s():
-    """The machine's CPU time stolen by its hypervisor so far (s, all CPUs)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def record(tmp_path, label, *args):

@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from conftest import (CHROOT_LABELS, WORKLOADS, Workload, chroot_cmd, chroot_workloads, env,
-                      pyoffcpu_cmd, python_or_skip, record_folded, source_line, wait_for_recording)
+                      pyoffcpu_cmd, python_or_skip, record_folded, source_line, steal_s,
+                      wait_for_recording)
 from pyoffcpu.profile.model import FrameKind, from_folded
 
 WORK_LINES = set(range(source_line("pool.py", "def work(seconds)"), source_line("pool.py", "# WORK") + 1))
@@ -29,7 +30,7 @@ def py_names(key):
     return [(f.name, f.line) for f in key.frames if f.kind is FrameKind.PYTHON]
 
 
-def check_pool(prof, res, parent, min_work_s):
+def check_pool(prof, res, parent, min_work_s, stolen_s=0.0):
     workers = sorted(p for p in prof.processes if p != parent)
     assert len(workers) == 4, (prof.processes, res.stderr)
     for pid in workers:
@@ -43,10 +44,13 @@ def check_pool(prof, res, parent, min_work_s):
                 assert names[-1][1] in WORK_LINES, names
                 in_work += ns
         # each spins 1 s of its CPU time, with pickling and the pool's code
-        # around it.  The callers sample at 997 Hz: four workers on two CPUs
+        # around it.  The callers sample at 499 Hz: four workers on two CPUs
         # run in slices of a few ms, and at 99 Hz each slice gets 0 or 1
-        # sample (sigma ~8% of the spin); at 997 Hz sigma is under 1%.
-        assert min_work_s * 1e9 <= in_work <= 1.1e9, (pid, in_work, on, res.stderr)
+        # sample (sigma ~8% of the spin); at 499 Hz sigma is under 2%.  Its
+        # time on a CPU by the clock also holds what the hypervisor stole
+        # meanwhile (a CI run: 1.108 s for a 1 s spin): allowed for above.
+        assert min_work_s * 1e9 <= in_work <= 1.1e9 + stolen_s * 1e9, (
+            pid, in_work, on, stolen_s, res.stderr)
     # the parent's main thread waits for them in pool.map, off the CPU
     waited = sum(ns for k, ns in prof.weights.items()
                  if k.tid == parent and k.off_cpu is not None and ("main", WAIT) in py_names(k))
@@ -64,9 +68,10 @@ def test_pool_of_a_launched_command(tmp_path, bpf, label, monkeypatch):
     # so every worker must have them for its whole spin.
     monkeypatch.setenv("POOL_SLEEP", "0.5")
     python = python_or_skip(label)
-    res, prof = record_folded(tmp_path, "--subprocesses", "-F", "997", "--", python,
+    stolen = steal_s()
+    res, prof = record_folded(tmp_path, "--subprocesses", "-F", "499", "--", python,
                               os.path.join(WORKLOADS, "pool.py"), "1")
-    check_pool(prof, res, min(prof.processes), min_work_s=0.95)
+    check_pool(prof, res, min(prof.processes), min_work_s=0.95, stolen_s=steal_s() - stolen)
 
 
 @pytest.mark.parametrize("label", ["debian-3.11", "pyenv-3.12", "pyenv-3.8", "debian-3.15"])
@@ -80,8 +85,9 @@ def test_pool_of_a_registered_process_has_frames_from_each_fork(tmp_path, bpf, l
             label, os.path.join(chroot_workloads(), "pool.py"), 1, 60, proc=True))
     else:
         w = Workload(python, "pool.py", 1, 60)
-    res, prof = record_pool(tmp_path, w, "-F", "997")
-    check_pool(prof, res, w.pid, min_work_s=0.97)
+    stolen = steal_s()
+    res, prof = record_pool(tmp_path, w, "-F", "499")
+    check_pool(prof, res, w.pid, min_work_s=0.97, stolen_s=steal_s() - stolen)
 
 
 def record_pool(tmp_path, w, *args):
@@ -139,7 +145,9 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     slices gets 0 or 1 sample a slice, ~30 in all, with sigma ~4 samples
     (14%: a loaded CI machine went past 10%); at 997 Hz ~300, sigma ~1%."""
     w = Workload(python_or_skip("debian-3.11"), "short_pool.py", method, 60)
+    stolen = steal_s()
     res, prof = record_pool(tmp_path, w, "--mode", "cpu", "-F", "997")
+    stolen = steal_s() - stolen
     on, with_py, in_task = {}, {}, {}
     for k, ns in prof.weights.items():
         if k.pid == w.pid or k.off_cpu is not None:
@@ -154,7 +162,10 @@ def test_short_lived_workers_have_their_frames(tmp_path, bpf, method):
     shares = sorted((with_py.get(p, 0) / on[p], in_task.get(p, 0) / on[p]) for p in workers)
     print(f"\n{method}: {len(workers)} workers; (with Python frames, in task) {shares}")
     assert len(workers) == 8, (on, res.stderr)
-    assert all(0.27e9 <= in_task.get(p, 0) <= 0.33e9 for p in workers), sorted(in_task.values())
+    # (the samples count time on a CPU by the clock: what the hypervisor
+    # stole from a worker's CPU while it ran is in it, up to the steal)
+    assert all(0.27e9 <= in_task.get(p, 0) <= 0.33e9 + stolen * 1e9 for p in workers), (
+        sorted(in_task.values()), stolen)
     # what has no Python frame: the interpreter's start before its first
     # frame and its end after the last, ~20-40 ms
     assert all(on[p] - with_py.get(p, 0) <= 0.06e9 for p in workers), [
