@@ -34,13 +34,19 @@ static __always_inline void add_stackless(u32 tgid, u32 tid, u32 kind, int kstac
     add_time(&key, ns);
 }
 
-/* The capture owed to a thread (TH_PENDING) will not be taken: its weight
- * is kept without a stack, and counted. */
+/* A wait's stack that will not be taken: its weight is kept without one,
+ * and counted (wait stack not taken). */
+static __always_inline void capture_lost(u32 tgid, u32 tid, u32 kind, int kstack, u64 ns)
+{
+    add_stackless(tgid, tid, kind, kstack, ns);
+    count_drop_ns(DROP_CAPTURE_LOST, ns);
+}
+
+/* The capture owed to a thread (TH_PENDING) will not be taken. */
 static __always_inline void owed_lost(struct thread_t *th, u32 tid)
 {
     th->flags &= ~TH_PENDING;
-    add_stackless(th->tgid, tid, th->pend_kind, th->pend_kstack, th->pend_ns);
-    count_drop_ns(DROP_CAPTURE_LOST, th->pend_ns);
+    capture_lost(th->tgid, tid, th->pend_kind, th->pend_kstack, th->pend_ns);
 }
 
 /* A stack is owed for a wait of the thread that just ended (OFFCPU_SAMPLED):
@@ -58,8 +64,7 @@ static __always_inline void owe_capture(struct thread_t *th, u32 tid, u32 kind, 
             return;
         }
         if (th->pend_ns >= ns) {    /* the heavier is the one kept */
-            add_stackless(th->tgid, tid, kind, th->wait_kstack, ns);
-            count_drop_ns(DROP_CAPTURE_LOST, ns);
+            capture_lost(th->tgid, tid, kind, th->wait_kstack, ns);
             return;
         }
         owed_lost(th, tid);
