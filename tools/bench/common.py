@@ -202,6 +202,7 @@ class Profiler:
             return f.read()
 
 
+EMPTY_PAIR = "reference: empty programs on sched_switch and rseq_update (raw)"   # case 4's floor (issue 37)
 EXACT = "pyoffcpu --mode wall --off-cpu exact"     # a stack at every switch (issue 37's row)
 TIMELINE = "pyoffcpu --mode wall --timeline"        # and every wait of 100 us or more sent whole (issue 41)
 
@@ -234,7 +235,8 @@ def profilers(tools: "Tools") -> Dict[str, Profiler]:
             r"^pyoffcpu: recording", True, stats=True),
     }
     for kind, label in (("tp-empty", "reference: empty program on the sched_switch tracepoint"),
-                        ("raw-filter", "reference: raw tracepoint, 2 hash lookups")):
+                        ("raw-filter", "reference: raw tracepoint, 2 hash lookups"),
+                        ("raw-empty-pair", EMPTY_PAIR)):
         out[label] = Profiler(label, (lambda kind: lambda pid, o: [sys.executable, FLOOR, kind])(kind),
                               r"^floor: attached", False, stats=True)
     if ps:
