@@ -309,9 +309,9 @@ def steal_s() -> float:
     from /proc/stat).  A thread's time on a CPU by the clock (pyoffcpu's
     on-CPU time) includes what was stolen while it was current; its own
     CPU clock (thread_time) does not."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+    from pyoffcpu.kernel.procfs import cpu_times
+    now = cpu_times()
+    return now.steal_s if now else 0.0
 
 
 def record_folded(tmp_path, *args, name="out.folded", env_extra=None, timeout=120):

@@ -172,6 +172,9 @@ class Recording:
     # hit_shared, walked; with PYOFFCPU_MEMO_VERIFY=1 also checked and wrong
     memo_stats: Dict[str, int] = field(default_factory=dict)
     timeline: Optional[object] = None       # --timeline: collect/timeline.py's Timeline
+    # the machine's (busy, stolen) CPU seconds over the recording, all CPUs
+    # (/proc/stat): on-CPU times by the clock include the stolen part
+    cpu_steal: Optional[Tuple[float, float]] = None
 
     @property
     def thread_names(self) -> Dict[int, str]:

@@ -43,7 +43,7 @@ from .recording import (LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Re
 from ..native import symbols
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Targets
-from ..kernel.procfs import rss_kib
+from ..kernel.procfs import cpu_times, rss_kib
 
 # memo_stats' slots (bpf/memo.c): how each switch-out's native stack was found
 MEMO_STATS = {n.lower(): bpfdefs.value("MEMO_" + n) for n in
@@ -83,6 +83,7 @@ class Session(SessionSetup):
         self._unwind_tables = False     # native stacks from .eh_frame tables (load_consts)
         self.native_ids: Dict[object, int] = {}   # native stack hash -> id in rec.ustacks
         self._start_ns = 0
+        self._cpu_at_start = None           # procfs.CpuTimes at the start
         self._end_ns = 0
         self._gen = 0
         self._control = None
@@ -452,6 +453,7 @@ class Session(SessionSetup):
             targets.check_liveness()
         # The recording starts once every target and thread is registered.
         self._start_ns = self.accounts.start_ns = time.monotonic_ns()
+        self._cpu_at_start = cpu_times()    # the machine's busy and stolen time (the summary's steal)
         self._write_control(start_ns=self._start_ns)
         start_mono = self._t0 = time.monotonic()
         rec.start_time = time.time()
@@ -512,6 +514,10 @@ class Session(SessionSetup):
         open_waits = self.blocked.read_open_waits() if rec.offcpu == "sampled" else {}
         self.blocked.read_python_names()
         self._end_ns = self.accounts.end_ns = time.monotonic_ns()
+        cpu_at_end = cpu_times()
+        if self._cpu_at_start is not None and cpu_at_end is not None:
+            rec.cpu_steal = (cpu_at_end.busy_s - self._cpu_at_start.busy_s,
+                             cpu_at_end.steal_s - self._cpu_at_start.steal_s)
         self._write_control(end_ns=self._end_ns)
         if self._fold_loader is not None:
             self._fold_loader.join()    # a short recording: the program goes with the rest

@@ -128,3 +128,22 @@ def uid_of(pid: int) -> Optional[int]:
         if line.startswith("Uid:"):
             return int(line.split()[1])
     return None
+
+
+class CpuTimes(NamedTuple):
+    """The machine's CPU time so far, all CPUs together (s, /proc/stat's
+    first line): busy (user, nice, system, irq, softirq and steal) and, of
+    that, stolen (the time the hypervisor ran something else while a vCPU
+    had work: 0 on bare metal and where the kernel does not account it)."""
+    busy_s: float
+    steal_s: float
+
+
+def cpu_times() -> Optional[CpuTimes]:
+    """None where /proc/stat cannot be read or has no steal column."""
+    fields = (read_text("/proc/stat", 4096) or "").split("\n", 1)[0].split()
+    if len(fields) < 9 or fields[0] != "cpu" or not all(f.isdigit() for f in fields[1:9]):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
+    hz = os.sysconf("SC_CLK_TCK")
+    return CpuTimes((user + nice + system + irq + softirq + steal) / hz, steal / hz)

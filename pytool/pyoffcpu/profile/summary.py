@@ -386,6 +386,23 @@ def render_summary(prof: Profile, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+STEAL_NOTE_SHARE = 0.01     # stolen time worth a note: this share of the machine's busy time
+STEAL_NOTE_MIN_S = 0.02     # and at least two of /proc/stat's 10 ms ticks
+
+
+def steal_note(cpu_steal: Optional[Tuple[float, float]]) -> Optional[str]:
+    """The note on a recording's hypervisor steal, from the machine's
+    (busy, stolen) CPU seconds over it; None when there is little or none."""
+    if not cpu_steal:
+        return None
+    busy, stolen = cpu_steal
+    if busy <= 0 or stolen < STEAL_NOTE_MIN_S or stolen < STEAL_NOTE_SHARE * busy:
+        return None
+    return (f"steal: the hypervisor stole {100 * stolen / busy:.1f}% of this machine's busy CPU time while "
+            f"recording ({stolen:.2f} of {busy:.2f} CPU s, /proc/stat); on-CPU times are by the clock and "
+            "include what it stole while a thread was on a CPU, its own CPU clock does not")
+
+
 def recording_notes(rec, stats) -> List[str]:
     """What a recording lost or could not do, one line each: its drops, the
     waits --min/--max-block-us left out, and how the native stacks were
@@ -399,6 +416,9 @@ def recording_notes(rec, stats) -> List[str]:
         out.append("drops: " + ", ".join(f"{k} {v}{lost(k)}" for k, v in sorted(drops.items())))
     else:
         out.append("drops: none")
+    steal = steal_note(rec.cpu_steal)
+    if steal:
+        out.append(steal)
     n_out, ns_out = rec.block_filtered
     if rec.options.min_block_ns or rec.options.max_block_ns:
         out.append(f"{n_out} waits ({ns_out / 1e9:.2f} s) outside --min-block-us/"
