@@ -90,9 +90,7 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
         return 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     u64 child = ctx->args[1];
-    u32 ctgid = 0, ctid = 0;
-    bpf_probe_read_kernel(&ctgid, sizeof(ctgid), (void *)(child + TASK_TGID_OFF));
-    bpf_probe_read_kernel(&ctid, sizeof(ctid), (void *)(child + TASK_PID_OFF));
+    u32 ctgid = task_u32(child, TASK_TGID_OFF), ctid = task_u32(child, TASK_PID_OFF);
     if (ctid != 0 && ctgid == ctid) {
         /* A new process.  If its PID was a target's, that process is gone
          * and its registration is stale: never walk this one with it. */

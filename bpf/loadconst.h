@@ -47,6 +47,9 @@
 #define LC_ASYNC_TASKS          28  /* --async */
 #define LC_TIMELINE             29  /* --timeline */
 #define LC_NATIVE_UNWIND        30  /* .eh_frame tables (bpf/unwind.c); 0: frame pointers */
+/* Direct reads of kernel structs (task_u32 below) */
+#define LC_KERNEL_CAST          31  /* 1: the loader made each KFUNC_RDONLY_CAST call bpf_rdonly_cast */
+#define LC_BTF_TASK_STRUCT      32  /* task_struct's type id in the kernel's BTF (with KERNEL_CAST) */
 
 #define LOAD_CONST(i) ({ unsigned long long __lc;                                  \
         asm volatile("%0 = %1 ll" : "=r"(__lc) : "i"(LOADCONST_MAGIC + (i)));     \
@@ -120,5 +123,42 @@
 #ifndef NATIVE_UNWIND
 #define NATIVE_UNWIND LOAD_CONST(LC_NATIVE_UNWIND)
 #endif
+#ifndef KERNEL_CAST
+#define KERNEL_CAST LOAD_CONST(LC_KERNEL_CAST)
+#define BTF_TASK_STRUCT LOAD_CONST(LC_BTF_TASK_STRUCT)
+#endif
+
+/* A field of a task_struct (task: its address, off: the field's offset, a
+ * load-time constant).  Where the kernel has the bpf_rdonly_cast kfunc, the
+ * loader turns each call of KFUNC_RDONLY_CAST, a helper id no kernel has,
+ * into a call of it, and sets KERNEL_CAST: the field is then one load, which
+ * the verifier checks against task_struct's BTF and the JIT guards (a fault
+ * reads 0), not a bpf_probe_read_kernel call (~50 ns less per read, on a
+ * path every switch on the machine takes).  Elsewhere KERNEL_CAST is 0, the
+ * verifier never walks the cast, and the helper reads it. */
+#define KFUNC_RDONLY_CAST 0x50794601
+static void *(*kfunc_rdonly_cast)(unsigned long long obj, unsigned int btf_id) = (void *)KFUNC_RDONLY_CAST;
+
+static __always_inline unsigned int task_u32(unsigned long long task, unsigned long long off)
+{
+    if (KERNEL_CAST) {
+        char *t = kfunc_rdonly_cast(task, BTF_TASK_STRUCT);
+        return *(volatile unsigned int *)(t + off);
+    }
+    unsigned int v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)(task + off));
+    return v;
+}
+
+static __always_inline unsigned long long task_u64(unsigned long long task, unsigned long long off)
+{
+    if (KERNEL_CAST) {
+        char *t = kfunc_rdonly_cast(task, BTF_TASK_STRUCT);
+        return *(volatile unsigned long long *)(t + off);
+    }
+    unsigned long long v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)(task + off));
+    return v;
+}
 
 #endif

@@ -180,10 +180,11 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
  * cannot be told (no user registers: a kernel thread).  x86_64's system
  * call entry saves the call's number in orig_ax and -ENOSYS in ax, which
  * stays there until the call returns; a fault leaves the user's rax in ax
- * and its error code in orig_ax, an interrupt ~vector (< 0).  One read of
- * pt_regs from ax to cs (offsets from BTF: SYS_REGS_*_OFF), no user
- * memory: the instruction before the user pc, read here before, was a
- * third of a switch-out's cost. */
+ * and its error code in orig_ax, an interrupt ~vector (< 0).  Three loads
+ * from pt_regs (offsets from BTF: SYS_REGS_*_OFF; bpf_task_pt_regs gives a
+ * pointer the verifier types), or, without KERNEL_CAST, one helper read from
+ * ax to cs; no user memory: the instruction before the user pc, read here
+ * before, was a third of a switch-out's cost. */
 #define NEG_ENOSYS (-38)
 static __always_inline u32 current_syscall(void)
 {
@@ -198,12 +199,20 @@ static __always_inline u32 current_syscall(void)
     u64 regs = bpf_task_pt_regs(task);
     if (!regs)
         return 0;
-    u64 r[16];
-    if (bpf_probe_read_kernel(r, (cs_word + 1) * 8, (void *)(regs + ax_off)) != 0)
-        return 0;
-    s64 ax = (s64)r[0];
-    s64 nr = (s64)r[nr_word];
-    u64 cs = r[cs_word];
+    s64 ax, nr;
+    u64 cs;
+    if (KERNEL_CAST) {
+        ax = *(volatile s64 *)(regs + ax_off);
+        nr = *(volatile s64 *)(regs + SYS_REGS_ORIG_AX_OFF);
+        cs = *(volatile u64 *)(regs + SYS_REGS_CS_OFF);
+    } else {
+        u64 r[16];
+        if (bpf_probe_read_kernel(r, (cs_word + 1) * 8, (void *)(regs + ax_off)) != 0)
+            return 0;
+        ax = (s64)r[0];
+        nr = (s64)r[nr_word];
+        cs = r[cs_word];
+    }
     if ((cs & 3) != 3)
         return 0;
     if (ax != NEG_ENOSYS || nr < 0 || nr >= SYS_OUTSIDE - 1)

@@ -58,12 +58,15 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     if (!ctl)
         return 0;
     u64 id = bpf_get_current_pid_tgid();
-    /* next's tgid from its task_struct (offsets from BTF), with its pid in
-     * the same read where they are side by side, as in every kernel */
+    /* next's tgid from its task_struct (offsets from BTF): a load where the
+     * kernel lets us cast (task_u32), else a helper call that reads its pid
+     * too where they are side by side, as in every kernel */
     u32 next_tgid = 0, next_tid = 0;
     /* (the offsets are constants to the verifier: one branch is left) */
     int side_by_side = TASK_TGID_OFF == TASK_PID_OFF + 4;
-    if (side_by_side) {
+    if (KERNEL_CAST) {
+        next_tgid = task_u32(ctx->args[2], TASK_TGID_OFF);
+    } else if (side_by_side) {
         u32 pt[2] = {};
         bpf_probe_read_kernel(pt, sizeof(pt), (void *)(ctx->args[2] + TASK_PID_OFF));
         next_tid = pt[0];
@@ -83,8 +86,8 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 
     /* Switch-in. */
     if (which & SW_NEXT) {
-        if (!side_by_side)
-            bpf_probe_read_kernel(&next_tid, sizeof(next_tid), (void *)(next + TASK_PID_OFF));
+        if (KERNEL_CAST || !side_by_side)
+            next_tid = task_u32(next, TASK_PID_OFF);
         if (next_tid)
             switch_in(ctx, ctl, next_tid, now, next);
     }
@@ -104,8 +107,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
      * first switch (it was running then) */
     /* The kernel's own count of the thread's time on a CPU, up to date here
      * (put_prev_task ran update_curr before this tracepoint). */
-    u64 exec = 0;
-    bpf_probe_read_kernel(&exec, sizeof(exec), (void *)(ctx->args[1] + TASK_EXEC_OFF));
+    u64 exec = task_u64(ctx->args[1], TASK_EXEC_OFF);
     u64 from;
     if (th->flags & TH_ON) {
         from = th->ts;

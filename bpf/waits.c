@@ -225,8 +225,7 @@ static __always_inline void switch_in(void *ctx, struct control_t *ctl, u32 tid,
      * at its switch-out, which left it in exec_ns, unless that was not seen
      * (or this is its first event): then read. */
     if ((th->flags & TH_ON) || !th->exec_ns) {
-        u64 exec = 0;
-        bpf_probe_read_kernel(&exec, sizeof(exec), (void *)(task + TASK_EXEC_OFF));
+        u64 exec = task_u64(task, TASK_EXEC_OFF);
         if (th->flags & TH_ON) {
             /* On a CPU since its last switch-in, yet switched in again: its
              * switch-out was not seen.  Its runtime tells how much of the

@@ -55,11 +55,10 @@ RAW_TRACEPOINT_PROBE(sched_waking)
     if (!ctl || !ctl->start_ns)
         return 0;
     u64 p = ctx->args[0];
-    u32 wtgid = 0, wtid = 0;
-    bpf_probe_read_kernel(&wtgid, sizeof(wtgid), (void *)(p + TASK_TGID_OFF));
+    u32 wtgid = task_u32(p, TASK_TGID_OFF);
     if (!wtgid || !is_target(ctl, wtgid))
         return 0;
-    bpf_probe_read_kernel(&wtid, sizeof(wtid), (void *)(p + TASK_PID_OFF));
+    u32 wtid = task_u32(p, TASK_PID_OFF);
     int slot = 2;
     struct unwind_state *us = unwind_scratch.lookup(&slot);
     if (!us)

@@ -59,7 +59,7 @@ from ..kernel.bpfsys import (AUTOLOAD_PREFIX, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_H
                      PERF_EVENT_IOC_SET_BPF, RAW_TRACEPOINT, TRACEPOINT, map_create, online_cpus,
                      perf_event_open, possible_cpus, prog_load, raw_tracepoint_open)
 from .progcache import (CacheError, cache_key, check_entry, compile_in_child, default_cache_dir, one_line,
-                        patch_consts, read_entry, safe_dir, shipped_entry, write_entry)
+                        patch_consts, patch_kfuncs, read_entry, safe_dir, shipped_entry, write_entry)
 from ..kernel.perfring import PerfBuffers
 from .tables import TABLE_TYPES, Table, check_sizes, ctype_of
 
@@ -89,6 +89,7 @@ class Program:
         self._progs = {p["name"]: p for p in entry["programs"]}
         self._map_fds: Dict[str, int] = {}
         self.load_errors: Dict[bytes, Exception] = {}   # optional programs that did not load
+        self.cast_refused: List[str] = []   # programs loaded without KERNEL_CAST: the verifier refused it
         self._lock = threading.Lock()
         try:        # an array of maps after the template of its maps
             for m in sorted(entry["maps"], key=lambda m: m.get("inner") is not None):
@@ -106,13 +107,22 @@ class Program:
         return self.origin != "compiled"
 
     # -- programs
-    def _insns(self, name: str) -> bytes:
+    def _insns(self, name: str, cast: bool = True) -> bytes:
+        """Its instructions to load: map fds and load-time constants written
+        in; with cast=False, KERNEL_CAST 0 (task_struct read by the helper)."""
         p = self._progs[name]
         code = bytearray(base64.b64decode(p["insns"]))
         for idx, mname in p["maps"]:
             struct.pack_into("<i", code, idx * 8 + 4, self._map_fds[mname])
-        patch_consts(code, p["consts"], self.consts)
+        consts = self.consts if cast else dict(self.consts, KERNEL_CAST=0)
+        patch_consts(code, p["consts"], consts)
+        if consts.get("KERNEL_CAST"):
+            patch_kfuncs(code, p.get("kfuncs", ()), consts)
         return bytes(code)
+
+    def _casts(self, name: str) -> bool:
+        """Does the program, as _insns makes it, call a kfunc?"""
+        return bool(self.consts.get("KERNEL_CAST") and self._progs[name].get("kfuncs"))
 
     def load_func(self, func_name, prog_type: int, device=None, attach_type: int = -1) -> Function:
         key = _b(func_name)
@@ -128,9 +138,19 @@ class Program:
         license = self.entry["license"].encode()
         kv = self.entry.get("kern_version", 0)
         level = self.log_level
+        size = (16 << 20) if level & 3 else (1 << 16)
         try:
-            fd, log = _verified(prog_type, insns, license, kv, name, level,
-                                (16 << 20) if level & 3 else (1 << 16))
+            try:
+                fd, log = _verified(prog_type, insns, license, kv, name, level, size)
+            except OSError as e:
+                if e.errno == 1 or not self._casts(name):
+                    raise
+                # A kernel whose verifier refuses the kfunc here (its BTF
+                # names it, yet this program type may not call it): the
+                # helper's reads, as where BTF has no such kfunc
+                insns = self._insns(name, cast=False)
+                fd, log = _verified(prog_type, insns, license, kv, name, level, size)
+                self.cast_refused.append(name)
         except OSError as e:
             log = getattr(e, "log", "")
             if not log and e.errno not in (1,):         # the verifier's reason, for the message

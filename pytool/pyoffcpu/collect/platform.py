@@ -73,6 +73,9 @@ class Platform:
     exit_group_dead: bool = False   # sched_process_exit says when a process's last thread exits
     pt_regs_offsets: tuple = ()     # (ip, cs, orig_ax, ax): the system call a thread blocks in
     task_rseq_offset: int = -1      # task_struct.rseq (-1: not known): which threads rseq_update sees
+    # BTF type ids for direct reads of task_struct (bpf/loadconst.h task_u32), 0: none
+    kfunc_rdonly_cast_id: int = 0
+    btf_task_struct_id: int = 0
 
 
 def probe() -> Platform:
@@ -83,7 +86,7 @@ def probe() -> Platform:
     if not os.path.exists(BTF_PATH):
         raise ProfilerError(f"no kernel BTF at {BTF_PATH}",
                             f"pyoffcpu needs a kernel built with CONFIG_DEBUG_INFO_BTF; {DOCTOR}")
-    from ..kernel.btf import TRACEPOINT_ARGS, BtfError, member_offsets
+    from ..kernel.btf import TRACEPOINT_ARGS, TYPE_ID, BtfError, member_offsets
     try:
         offs = member_offsets(BTF_PATH, [("task_struct", f) for f in
                                          ("thread.fsbase", "pid", "tgid", "se.sum_exec_runtime")]
@@ -99,7 +102,12 @@ def probe() -> Platform:
         rseq = member_offsets(BTF_PATH, [("task_struct", "rseq")])[0]
     except (BtfError, OSError):
         rseq = -1                   # sampled waits: rseq_capture finds out per thread
+    try:
+        cast, task = member_offsets(BTF_PATH, [(TYPE_ID, "func bpf_rdonly_cast"), (TYPE_ID, "struct task_struct")])
+    except (BtfError, OSError):
+        cast = task = 0             # task_struct read by bpf_probe_read_kernel
     ensure_tracefs()
     return Platform(task_fsbase_offset=offs[0], task_pid_offset=offs[1], task_tgid_offset=offs[2],
                     task_exec_offset=offs[3], exit_group_dead=offs[4] >= 2,
-                    pt_regs_offsets=regs, task_rseq_offset=rseq)
+                    pt_regs_offsets=regs, task_rseq_offset=rseq,
+                    kfunc_rdonly_cast_id=cast, btf_task_struct_id=task)

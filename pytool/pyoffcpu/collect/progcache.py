@@ -46,6 +46,34 @@ def load_const_at(code, j: int) -> Optional[str]:
     return LOAD_CONSTS.get(value & LOADCONST_INDEX_MASK)
 
 
+# -- kfunc calls (bpf/loadconst.h task_u32): a helper call of a marker id, named here --------------
+CALL = 0x85                             # BPF_JMP | BPF_CALL
+PSEUDO_KFUNC_CALL = 2
+KFUNC_MARKS = {bpfdefs.value("KFUNC_RDONLY_CAST"): "bpf_rdonly_cast"}    # marker id -> kfunc
+KFUNC_PREFIX = "kfunc:"                 # load-time values: "kfunc:NAME" -> its BTF type id
+
+
+def kfunc_at(code, j: int) -> Optional[str]:
+    """The kfunc instruction j of code marks (a helper call of a marker
+    id), or None."""
+    if code[j * 8] != CALL or code[j * 8 + 1] >> 4:
+        return None
+    return KFUNC_MARKS.get(struct.unpack_from("<i", code, j * 8 + 4)[0])
+
+
+def patch_kfuncs(code: bytearray, refs, values: Dict[str, int]) -> None:
+    """Make each marked call a call of its kfunc (values: KFUNC_PREFIX +
+    NAME -> its BTF type id in vmlinux).  A marker left as it is must be
+    on a path the verifier never walks (KERNEL_CAST 0): raises CacheError
+    for a kfunc without an id."""
+    for j, name in refs:
+        btf_id = values.get(KFUNC_PREFIX + name, 0)
+        if not btf_id:
+            raise CacheError(f"kfunc {name}: no BTF id given")
+        code[j * 8 + 1] = (code[j * 8 + 1] & 0x0f) | (PSEUDO_KFUNC_CALL << 4)
+        struct.pack_into("<hi", code, j * 8 + 2, 0, btf_id)
+
+
 def patch_consts(code: bytearray, refs, values: Dict[str, int]) -> None:
     """Write each load-time constant's value (values: NAME -> int, two's
     complement for a negative one) into its ld_imm64.  Raises CacheError
@@ -240,6 +268,9 @@ def check_entry(entry, key: Optional[str]) -> None:
             for idx, name in p["consts"]:
                 if not isinstance(idx, int) or not 0 <= idx < n - 1 or load_const_at(code, idx) != name:
                     raise CacheError(f"program {p['name']}: a load-time constant at no such load")
+            for idx, name in p.get("kfuncs", ()):
+                if not isinstance(idx, int) or not 0 <= idx < n or kfunc_at(code, idx) != name:
+                    raise CacheError(f"program {p['name']}: a kfunc at no marked call")
     except CacheError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -349,8 +380,9 @@ def _dump(b, lib) -> dict:
                 struct.pack_into("<i", code, j * 8 + 4, 0)
         consts = [[j, name] for j in range(len(code) // 8 - 1)
                   for name in [load_const_at(code, j)] if name]
+        kfuncs = [[j, name] for j in range(len(code) // 8) for name in [kfunc_at(code, j)] if name]
         progs.append({"name": fname.decode(), "insns": base64.b64encode(bytes(code)).decode(),
-                      "maps": refs, "consts": consts})
+                      "maps": refs, "consts": consts, "kfuncs": kfuncs})
     return {"format": FORMAT, "license": lib.bpf_module_license(mod).decode(),
             "kern_version": int(lib.bpf_module_kern_version(mod)), "maps": maps,
             "programs": progs}

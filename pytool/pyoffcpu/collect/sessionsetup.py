@@ -16,7 +16,7 @@ from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
 from .maps import bpf_source, map_sizes
 from .platform import DOCTOR, ProfilerError
-from .progcache import one_line
+from .progcache import KFUNC_PREFIX, one_line
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Targets
 from ..targets.selection import Select
@@ -60,7 +60,19 @@ def load_consts(o, p) -> Dict[str, int]:
             "EXIT_GROUP_DEAD": int(p.exit_group_dead), "TASK_RSEQ_OFF": p.task_rseq_offset,
             "SAMPLE_PERIOD_NS": int(1e9 // o.frequency),
             "SYS_REGS_AX_OFF": ax, "SYS_REGS_ORIG_AX_OFF": orig_ax, "SYS_REGS_CS_OFF": cs,
-            **features(o), **unwind_loader.load_consts(BTF_PATH)}
+            **kernel_cast_consts(p), **features(o), **unwind_loader.load_consts(BTF_PATH)}
+
+
+def kernel_cast_consts(p) -> Dict[str, int]:
+    """KERNEL_CAST and what it needs (bpf/loadconst.h task_u32): task_struct
+    read by plain loads where BTF has the bpf_rdonly_cast kfunc and
+    PYOFFCPU_KERNEL_CAST is not 0 (the bench's comparison), else by the
+    helper; the loader goes back to the helper for a program the verifier
+    refuses with the cast (bpfload)."""
+    on = bool(p.kfunc_rdonly_cast_id and p.btf_task_struct_id
+              and os.environ.get("PYOFFCPU_KERNEL_CAST", "1") != "0")
+    return {"KERNEL_CAST": int(on), "BTF_TASK_STRUCT": p.btf_task_struct_id if on else 0,
+            KFUNC_PREFIX + "bpf_rdonly_cast": p.kfunc_rdonly_cast_id if on else 0}
 
 
 MAIN_PROGRAM = "pyoffcpu.bpf.c"

@@ -286,26 +286,37 @@ class Btf:
             index.setdefault(name, []).append(tid)
         return index
 
+    def _first_named(self, want_kind: int, name: str) -> int:
+        """The first type of kind want_kind called name; 0 if there is none."""
+        want = name.encode() + b"\0"
+        raw, start, end = self._raw, self._str_start, self._str_end
+        unpack = struct.Struct(self._e + "I").unpack_from
+        for tid, kind in enumerate(self._kinds):
+            if kind != want_kind:
+                continue
+            off = start + unpack(self._data, self._offsets[tid])[0]
+            if off < end and raw[off:off + len(want)] == want:
+                return tid
+        return 0
+
     def tracepoint_args(self, tp: str) -> int:
         """How many arguments a raw tracepoint passes (ctx->args[]), from
         the prototype of its `btf_trace_<tp>` typedef; -1 if there is none.
         Arguments are added across kernels (sched_process_exit's group_dead)."""
-        want = ("btf_trace_" + tp).encode()
-        raw, start, end = self._raw, self._str_start, self._str_end
-        unpack = struct.Struct(self._e + "I").unpack_from
-        for tid, kind in enumerate(self._kinds):
-            if kind != KIND_TYPEDEF:
-                continue
-            off = start + unpack(self._data, self._offsets[tid])[0]
-            if raw[off:off + len(want) + 1] != want + b"\0" or off >= end:
-                continue
-            proto = self.resolve(self._header(tid)[4])
-            if self._kinds[proto] == KIND_PTR:
-                proto = self.resolve(self._header(proto)[4])
-            if self._kinds[proto] != KIND_FUNC_PROTO:
-                return -1
-            return self._header(proto)[2] - 1       # less the context pointer
-        return -1
+        tid = self._first_named(KIND_TYPEDEF, "btf_trace_" + tp)
+        if not tid:
+            return -1
+        proto = self.resolve(self._header(tid)[4])
+        if self._kinds[proto] == KIND_PTR:
+            proto = self.resolve(self._header(proto)[4])
+        if self._kinds[proto] != KIND_FUNC_PROTO:
+            return -1
+        return self._header(proto)[2] - 1       # less the context pointer
+
+    def func_id(self, name: str) -> int:
+        """The type id of the function ``name`` (a kfunc, for a BPF call
+        of it), 0 if there is none."""
+        return self._first_named(KIND_FUNC, name)
 
     def find_struct(self, name: str) -> list[int]:
         """Type ids of all struct/union definitions called ``name``."""
@@ -428,6 +439,17 @@ _PARSED: dict = {}          # BTF sha256 -> its Btf: the last one parsed (0.2 s)
 
 
 TRACEPOINT_ARGS = "(tracepoint args)"   # member_offsets: (TRACEPOINT_ARGS, tp) -> its argument count
+TYPE_ID = "(type id)"       # member_offsets: (TYPE_ID, "func NAME" / "struct NAME") -> its type id, 0: none
+
+
+def _type_id(btf: Btf, what: str) -> int:
+    kind, _, name = what.partition(" ")
+    if kind == "func":
+        return btf.func_id(name)
+    if kind == "struct":
+        ids = btf.find_struct(name)
+        return ids[0] if len(ids) == 1 else 0       # (two of one name: which one is not known)
+    raise BtfError(f"no such kind of type: {what}")
 
 
 def member_offsets(path: str, members, cache_dir: str | None = "default") -> list[int]:
@@ -466,6 +488,7 @@ def member_offsets(path: str, members, cache_dir: str | None = "default") -> lis
             _PARSED[digest] = btf
         for n, st, m in missing:
             known[n] = (btf.tracepoint_args(m) if st == TRACEPOINT_ARGS
+                        else _type_id(btf, m) if st == TYPE_ID
                         else btf.member_offset(st, m))
         if file:
             tmp = f"{file}.{os.getpid()}.tmp"
