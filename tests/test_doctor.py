@@ -154,4 +154,9 @@ def test_doctor_with_everything_says_the_packages_programs_load(bpf):
     res, rows = doctor()
     assert rows["BPF programs"][0][0] == "ok", res.stdout
     assert re.match(r"the package's \(compiled when it was built\) load on this kernel: \d+ passed the "
-                    r"verifier in [\d.]+ s$", rows["BPF programs"][0][1]), res.stdout
+                    r"verifier in [\d.]+ s; task_struct read by ", rows["BPF programs"][0][1]), res.stdout
+    # how they read the kernel's structs: plain loads where BTF names the kfunc
+    from pyoffcpu.collect import platform as plat
+    reads = ("plain loads (bpf_rdonly_cast)" if plat.probe().kfunc_rdonly_cast_id
+             else "bpf_probe_read_kernel (no bpf_rdonly_cast kfunc in this kernel's BTF)")
+    assert rows["BPF programs"][0][1].endswith(reads), res.stdout

@@ -185,9 +185,10 @@ def check_kernel() -> Check:
 
 
 def _load_default_programs():
-    """(origin, programs verified, optional ones refused, seconds) of the
-    programs a default recording loads, loaded as it loads them (the
-    verifier runs) without a compile, then closed; raises what it raises."""
+    """(origin, programs verified, optional ones refused, seconds, how they
+    read task_struct) of the programs a default recording loads, loaded as
+    it loads them (the verifier runs) without a compile, then closed;
+    raises what it raises."""
     import time
     from ..collect import sessionsetup
     from ..collect.recording import Options
@@ -198,8 +199,15 @@ def _load_default_programs():
     # verifies them just after): all that a default recording verifies
     prog = sessionsetup.load_programs(o, consts, unwinder_now=True, may_compile=False)
     try:
+        if not consts.get("KERNEL_CAST"):
+            reads = "bpf_probe_read_kernel (no bpf_rdonly_cast kfunc in this kernel's BTF)"
+        elif prog.cast_refused:
+            reads = f"bpf_probe_read_kernel in {', '.join(prog.cast_refused)} (the verifier refused " \
+                    "bpf_rdonly_cast there), plain loads elsewhere"
+        else:
+            reads = "plain loads (bpf_rdonly_cast)"
         return (prog.origin, len(prog.funcs), sorted(n.decode() for n in prog.load_errors),
-                time.monotonic() - t0)
+                time.monotonic() - t0, reads)
     finally:
         prog.cleanup()
 
@@ -210,7 +218,7 @@ def check_programs() -> List[Check]:
     verifier included.  bcc and the kernel headers matter only where
     they do not load: then a recording compiles them."""
     try:
-        origin, n, refused, took = _load_default_programs()
+        origin, n, refused, took, reads = _load_default_programs()
         error = ""
     except Exception as e:                                  # noqa: BLE001 - the finding
         error = one_line(e)
@@ -221,7 +229,8 @@ def check_programs() -> List[Check]:
     if not error:
         where = ("the package's (compiled when it was built)" if origin == "package"
                  else "this machine's cache's (compiled by bcc before)")
-        detail = f"{where} load on this kernel: {n} passed the verifier in {took:.1f} s"
+        detail = (f"{where} load on this kernel: {n} passed the verifier in {took:.1f} s; "
+                  f"task_struct read by {reads}")
         if refused:
             out.append(Check(WARN, "BPF programs", f"{detail}; refused: {', '.join(refused)} "
                              "(native unwinding or sampled waits off)"))
