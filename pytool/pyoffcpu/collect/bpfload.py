@@ -121,8 +121,11 @@ class Program:
         return bytes(code)
 
     def _casts(self, name: str) -> bool:
-        """Does the program, as _insns makes it, call a kfunc?"""
-        return bool(self.consts.get("KERNEL_CAST") and self._progs[name].get("kfuncs"))
+        """Does the program, as _insns makes it, read kernel structs by plain
+        loads (KERNEL_CAST 1 where it reads the constant: its kfunc calls,
+        and the loads from pointers helpers return typed)?"""
+        return bool(self.consts.get("KERNEL_CAST")
+                    and any(c == "KERNEL_CAST" for _, c in self._progs[name]["consts"]))
 
     def load_func(self, func_name, prog_type: int, device=None, attach_type: int = -1) -> Function:
         key = _b(func_name)
