@@ -74,9 +74,10 @@ test: root
 	@$(MAKE) --no-print-directory helper
 	$(PY) -m pytest -v -rs $(PYTEST_ARGS) tests
 
-# dist/pyoffcpu_<version>_all.deb: pyoffcpu as a system tool over Debian 12's own packages
-# (tools/build_deb.py: man pages and completion made from --help itself)
-deb: $(VENV)/.installed
+# dist/pyoffcpu_<version>_amd64.deb: pyoffcpu as a system tool over Debian 12's own packages
+# (tools/build_deb.py: man pages and completion made from --help itself; the
+# compiled helper with the capstone library it decodes with)
+deb: $(VENV)/.installed $(HELPER)
 	$(PY) tools/build_deb.py dist
 
 # dist/pyoffcpu-<version>-py3-none-linux_x86_64.whl: everything a target needs (the

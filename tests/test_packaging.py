@@ -38,7 +38,7 @@ def deb(tmp_path_factory):
     assert res.returncode == 0, res.stderr
     path = res.stdout.strip().splitlines()[-1]
     from pyoffcpu import __version__
-    assert os.path.basename(path) == f"pyoffcpu_{__version__}_all.deb"
+    assert os.path.basename(path) == f"pyoffcpu_{__version__}_amd64.deb"
     return path
 
 
@@ -136,6 +136,9 @@ cat /var/lib/pyoffcpu/snapshots/mine.folded
     from pyoffcpu import __version__
     assert s["version"].strip() == f"pyoffcpu, version {__version__}"
     assert s["doctor"].rstrip().endswith("rc=0") and "FAIL" not in s["doctor"], s["doctor"]
+    # the helper ships, with the capstone it decodes with (Debian's is 4.0)
+    assert re.search(r"^ok +native helper: pyoffcpu-elf builds unwind tables \(prologue analysis with "
+                     r"capstone 5\.", s["doctor"], re.M), s["doctor"]
     assert "rc=0" in s["record"], s["record"]
     assert re.search(rf"^spin \([^)]*busy\.py:{spin_line}\)$", s["record"], re.M), s["record"]
     assert len(s["man"].split()) >= 9 and "pyoffcpu-doctor.1.gz" in s["man"], s["man"]

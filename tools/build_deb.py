@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Builds dist/pyoffcpu_<version>_all.deb (`make deb`): pyoffcpu as a system
+"""Builds dist/pyoffcpu_<version>_amd64.deb (`make deb`): pyoffcpu as a system
 tool that depends only on Debian 12's packages.
 
     python3 tools/build_deb.py [OUTDIR]
@@ -20,8 +20,12 @@ kernel has none (the links it makes are listed, to go at purge);
 prerm removes the byte-code; postrm purge removes /var/cache/pyoffcpu and
 those links, and leaves /var/lib/pyoffcpu (snapshots and crash reports).
 
-The compiled helper (pyoffcpu-elf) is left out: the package is
-Architecture: all, and the Python code does the same work, more slowly.
+The compiled helper (pyoffcpu-elf, `make helper`) goes in: it is the one
+builder of unwind tables and symbol indexes, so the package is amd64.  Its
+prologue analysis decodes with capstone 5 (the wheel's libcapstone.so that
+it is built against); Debian 12's libcapstone4 has another ABI, so that
+library goes in beside it (native/helper/lib/, with its VERSION and
+license).
 """
 from __future__ import annotations
 
@@ -121,18 +125,46 @@ Copyright: the pyoffcpu authors
 License: Apache-2.0
  On Debian systems the full text of the Apache License 2.0 is in
  /usr/share/common-licenses/Apache-2.0.
+
+Files: usr/lib/python3/dist-packages/pyoffcpu/native/helper/lib/libcapstone.so
+Copyright: Nguyen Anh Quynh and the Capstone contributors
+License: BSD-3-clause
+ The Capstone disassembly framework (https://www.capstone-engine.org), as
+ its Python wheel ships it. Redistribution and use in source and binary
+ forms, with or without modification, are permitted under the conditions
+ of the 3-clause BSD license; on Debian systems its text is in
+ /usr/share/common-licenses/BSD.
 """
+
+
+class BuildError(Exception):
+    """What is missing to build the package (one line)."""
 
 
 def _copy_package(dest: str) -> None:
     src = os.path.join(ROOT, "pytool", "pyoffcpu")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "pyoffcpu-elf", "*.c.o")
+    from pyoffcpu.native import helper as H
+    if not H.available():
+        raise BuildError(f"{H.BINARY} is not built: run `make helper` (make deb does)")
+    lib = H.capstone_lib()
+    version = H.capstone_version()
+    if lib is None or lib == H.BUNDLED_CAPSTONE or not version:
+        raise BuildError("no capstone wheel in this Python (pip install capstone>=5): "
+                         "its libcapstone.so goes into the package")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.c.o", "lib")
     # bpf/ is a link to the tree's bpf/: its files go in (copytree follows it)
     shutil.copytree(src, dest, ignore=ignore, symlinks=False)
     helper = os.path.join(dest, "native", "helper")
     for name in os.listdir(helper):
         if name.endswith((".c", ".h")):
             os.unlink(os.path.join(helper, name))
+    bundled = os.path.join(helper, "lib")
+    os.makedirs(bundled)
+    shutil.copy(os.path.join(lib, "libcapstone.so"), bundled)
+    subprocess.run(["strip", "--strip-unneeded", os.path.join(bundled, "libcapstone.so")], check=True)
+    os.chmod(os.path.join(bundled, "libcapstone.so"), 0o644)
+    _write(os.path.join(bundled, "VERSION"), version + "\n")
+    subprocess.run(["strip", "--strip-debug", os.path.join(helper, "pyoffcpu-elf")], check=True)
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:
@@ -199,7 +231,7 @@ def build(outdir: str) -> str:
             _write(os.path.join(stage, "lib/systemd/system", name), text)
         size_kib = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(stage) for f in fs) // 1024
         control = "\n".join([
-            "Package: pyoffcpu", f"Version: {__version__}", "Architecture: all",
+            "Package: pyoffcpu", f"Version: {__version__}", "Architecture: amd64",
             "Maintainer: pyoffcpu <pyoffcpu@localhost>", f"Installed-Size: {size_kib}",
             "Depends: " + ", ".join(DEPENDS), "Recommends: " + ", ".join(RECOMMENDS),
             "Suggests: " + ", ".join(SUGGESTS),
@@ -219,7 +251,7 @@ def build(outdir: str) -> str:
             for x in dirs:
                 os.chmod(os.path.join(d, x), 0o755)
         os.makedirs(outdir, exist_ok=True)
-        out = os.path.join(outdir, f"pyoffcpu_{__version__}_all.deb")
+        out = os.path.join(outdir, f"pyoffcpu_{__version__}_amd64.deb")
         subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", stage, out], check=True,
                        stdout=subprocess.DEVNULL)
         return out
@@ -228,4 +260,8 @@ def build(outdir: str) -> str:
 
 
 if __name__ == "__main__":
-    print(build(os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "dist"))))
+    try:
+        print(build(os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "dist"))))
+    except BuildError as e:
+        print(f"build_deb.py: {e}", file=sys.stderr)
+        sys.exit(1)

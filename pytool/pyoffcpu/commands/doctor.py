@@ -318,9 +318,33 @@ def check_bpf_stats() -> Check:
     return Check(WARN, "kernel.bpf_stats_enabled", "not readable: make bench cannot measure BPF run time")
 
 
+def check_helper() -> Check:
+    """pyoffcpu-elf, the one builder of native unwind tables and function
+    indexes, run on a small file (its prologue analysis loads capstone)."""
+    from ..native import helper
+    from ..native.unwind import table
+    if not helper.available():
+        return Check(WARN, "native helper", f"{helper.BINARY} is not built: native stacks are walked "
+                     "by frame pointer and native frames have no names", "make install (builds it)")
+    probe = os.path.realpath("/bin/true")
+    try:
+        helper.run(table.build_args(), probe, wall_limit_s=60.0)
+    except (OSError, helper.HelperError) as e:
+        return Check(WARN, "native helper", f"{helper.BINARY} fails on {probe}: {e}: native stacks are "
+                     "walked by frame pointer and native frames have no names",
+                     "make install (builds it again; it needs glibc 2.34 or newer)")
+    if not table.prologue_enabled():
+        why = "PYOFFCPU_PROLOGUE=0" if helper.capstone_lib() else "no capstone 5 library found"
+        return Check(WARN, "native helper", f"pyoffcpu-elf builds unwind tables from .eh_frame alone ({why}): "
+                     "code without CFI ends native stacks", "pip install 'capstone>=5'"
+                     if not helper.capstone_lib() else "")
+    return Check(OK, "native helper", "pyoffcpu-elf builds unwind tables (prologue analysis with capstone "
+                 f"{helper.capstone_version() or 'of unknown version'}) and symbol indexes")
+
+
 CHECKS: List[Callable] = [check_privileges, check_kernel, check_btf, check_tracefs, check_tracepoints,
-                          check_lockdown, check_bpf_load, check_perf_event, check_programs, check_cache_dir,
-                          check_bpf_stats]
+                          check_lockdown, check_bpf_load, check_perf_event, check_programs, check_helper,
+                          check_cache_dir, check_bpf_stats]
 
 
 def run_checks() -> List[Check]:

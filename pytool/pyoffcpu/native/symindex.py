@@ -10,7 +10,7 @@ symbolizer maps it and binary-searches it, and decodes a name only when an
 address asks for it.
 
 The index holds, in address order, every function (start, end, name: one
-name per address, chosen as ``functable.function_table`` chooses it) and
+name per address, chosen by helper/symbols.c's rules) and
 every FDE range of ``.eh_frame``: code that no symbol covers (a stripped
 library's static functions) is still known to be one function, named by
 the start of its FDE.
@@ -26,10 +26,11 @@ Format (little-endian; ``SymbolIndex`` checks every offset it reads)::
     u64 fde_ends[nfdes]
     names: names_size bytes, the raw symbol names one after another
 
-Without the helper binary (no compiler at install) ``build_bytes`` makes the
-same bytes in Python from ``functable.function_table`` and ``fde_ranges``.
-
-``fde_ranges`` is fderanges.py's.
+The helper is the one builder; tests/reference/symbol_index.py makes the
+same bytes in Python, and the tests hold the helper to them.  A file the
+helper cannot read (ELF32, big-endian, extended section numbering, a
+compressed symbol table) and every file where the helper is not built get
+an empty index: their frames keep the file's name and offset.
 """
 from __future__ import annotations
 
@@ -46,11 +47,7 @@ import time
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from .. import cachedir
-from .elffile import MAX_SECTION_BYTES
-from .fderanges import fde_ranges
-
-__all__ = ["IdentifiedFile", "SymbolIndex", "build_bytes", "fde_ranges", "index_for",
-           "poll_prefetches", "prefetch", "serialize"]
+__all__ = ["IdentifiedFile", "SymbolIndex", "index_for", "poll_prefetches", "prefetch"]
 
 MAGIC = b"PYOFSYMI"
 FORMAT_VERSION = 1
@@ -176,58 +173,6 @@ class SymbolIndex:
 
     def fdes(self) -> List[Tuple[int, int]]:
         return list(zip(self._fstarts, self._fends))
-
-
-# ---------------------------------------------------------------------------
-# Building (the helper's rules, in Python)
-# ---------------------------------------------------------------------------
-def serialize(starts: Sequence[int], ends: Sequence[int], names: Sequence[bytes],
-              fdes: Sequence[Tuple[int, int]]) -> bytes:
-    """The index of these functions (sorted, distinct starts) and FDEs."""
-    n = len(starts)
-    offs = [0] * (n + 1)
-    total = 0
-    for i, nm in enumerate(names):
-        offs[i] = total
-        total += len(nm)
-    offs[n] = total
-    words = array.array("Q")
-    words.extend(min(s, U64_MAX) for s in starts)
-    words.extend(min(e, U64_MAX) for e in ends)
-    words.extend(offs)
-    words.extend(s for s, _e in fdes)
-    words.extend(e for _s, e in fdes)
-    if sys.byteorder != "little":
-        words.byteswap()
-    return (HEADER.pack(MAGIC, FORMAT_VERSION, 0, n, len(fdes), total)
-            + words.tobytes() + b"".join(names))
-
-
-def eh_frame_of(image, read) -> Tuple[bytes, int]:
-    """(bytes, address) of the first section called .eh_frame of an
-    ElfFile, as the helper reads it: none when it has no bytes in the file
-    (SHT_NOBITS, compressed) or does not lie wholly inside it.  ``read``:
-    (offset, size) -> bytes of the file."""
-    sec = next((s for s in image.sections if s.name == ".eh_frame"), None)
-    if sec is None or sec.type == "SHT_NOBITS" or sec.flags & 0x800:
-        return b"", 0
-    if sec.offset > image.identity.size or sec.size > image.identity.size - sec.offset:
-        return b"", 0
-    if sec.size > MAX_SECTION_BYTES:
-        return b"", 0
-    data = read(sec.offset, sec.size)
-    return (data, sec.addr) if len(data) == sec.size else (b"", 0)
-
-
-def build_bytes(sources: Sequence, eh_frame: bytes = b"", eh_frame_addr: int = 0) -> bytes:
-    """The index the helper makes, in Python: the functions of
-    ``sources`` (ElfFiles with their symbols loaded: the file, then its
-    debug file) by ``functable.function_table``, and the FDEs of the file's
-    .eh_frame."""
-    from .functable import function_table
-    starts, ends, names = function_table(sources)
-    raw = [n.encode("utf-8", "surrogateescape") for n in names]
-    return serialize(starts, ends, raw, fde_ranges(eh_frame, eh_frame_addr) if eh_frame else [])
 
 
 # ---------------------------------------------------------------------------
@@ -363,28 +308,6 @@ def _build_with_helper(files: List[IdentifiedFile], directory: Optional[str],
         job.close()
 
 
-def _build_in_python(elf_cache, images: List, files: List[IdentifiedFile],
-                     directory: Optional[str], key: str) -> Optional[SymbolIndex]:
-    sources = []
-    for image, f in zip(images, files):
-        if not image.symbols_loaded:
-            try:
-                image.load_symbols(f.f)
-            except Exception:                       # noqa: BLE001 - unreadable tables: no names
-                return None
-        sources.append(image)
-    eh, addr = eh_frame_of(images[0], files[0].read)
-    data = build_bytes(sources, eh, addr)
-    if directory is not None:
-        path = os.path.join(directory, key + ".sym")
-        if cachedir.write_private(path, data):
-            _prune(directory)
-            idx = _map_file(path)
-            if idx is not None:
-                return idx
-    return SymbolIndex(data)
-
-
 class _Prefetch:
     """An index being built in the background (prefetch)."""
 
@@ -477,7 +400,7 @@ def poll_prefetches() -> int:
 def build_for_files(elf_cache, images: Sequence, paths: Sequence[str]) -> SymbolIndex:
     """The index of the ElfFiles ``images`` (a file, then maybe its debug
     file) read from ``paths``: from the disk cache, else built by the
-    helper (or in Python without it) and cached.  Empty when a file is not
+    helper and cached.  Empty when a file is not
     what its ElfFile was made from any more, or cannot be read."""
     directory = _cache_directory()
     key = cache_key(im.identity for im in images)
@@ -504,8 +427,6 @@ def build_for_files(elf_cache, images: Sequence, paths: Sequence[str]) -> Symbol
         idx = None
         if helper.available() and all(helper_reads(im) for im in images):
             idx = _build_with_helper(files, directory, key)
-        else:
-            idx = _build_in_python(elf_cache, list(images), files, directory, key)
         return idx if idx is not None else SymbolIndex()
     finally:
         for f in files:
@@ -513,12 +434,20 @@ def build_for_files(elf_cache, images: Sequence, paths: Sequence[str]) -> Symbol
 
 
 def build_for_image(image, data: bytes) -> SymbolIndex:
-    """The index of an in-memory image (the vDSO: small, built in Python)."""
-    eh, addr = eh_frame_of(image, lambda off, n: data[off:off + n])
-    try:
-        return SymbolIndex(build_bytes([image], eh, addr))
-    except Exception:                               # noqa: BLE001 - unreadable: no names
+    """The index of an in-memory image (the vDSO), by the helper from an
+    unnamed in-memory file holding it (not cached: it is small)."""
+    from . import helper
+    if not helper.available() or not helper_reads(image):
         return SymbolIndex()
+    try:
+        fd = helper.memory_file("image", data)
+        try:
+            idx = SymbolIndex(helper.run(["symbols"], f"/proc/self/fd/{fd}", wall_limit_s=HELPER_WALL_S))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, helper.HelperError):
+        return SymbolIndex()
+    return idx if idx.valid else SymbolIndex()
 
 
 def index_for(elf_cache, images: Sequence, paths: Optional[Sequence[str]] = None,

@@ -136,15 +136,21 @@ def reason_of(kind: int, frames: Sequence[Frame]) -> Optional[str]:
     return classify(*split_kind(kind), frames)
 
 
+MAX_SPIN_FUNCTION_BYTES = 1 << 20     # longer "functions" are not decoded (a symbol's size gone wrong)
+
+
 def spin_code(code: bytes, address: int) -> bool:
     """Does this function's code hold a `pause` (x86's spin-wait hint)?  In
     an OpenMP runtime only its waits do (libgomp's do_spin, libomp's
     __kmp_wait_template and the yields after): the CPU time there is a
     thread waiting for work or at a barrier, not work."""
-    from ..native.unwind import prologue
-    md = prologue._capstone()
-    if md is None or len(code) > prologue.MAX_FUNCTION_BYTES:
+    if len(code) > MAX_SPIN_FUNCTION_BYTES:
         return False
+    try:
+        import capstone
+    except ImportError:
+        return False
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)     # lite decoding: text only
     return any(m == "pause" for _a, _s, m, _o in md.disasm_lite(code, address))
 
 

@@ -8,15 +8,17 @@ file, so the helper never waits for pyoffcpu to read.  Its limits bound what
 a file built to exhaust it can take: CPU seconds, address space, and the
 wall time `Job.poll` allows before it kills it.  Its memory leaves with it.
 
-`make install` builds the binary; without it (no compiler) `available()` is
-False and callers do the same work in Python, more slowly.
+`make install` builds the binary (the .deb and `make wheel` ship it); it is
+the one implementation of both in the product.  Without it (`available()`
+False: a source tree nobody built) native stacks go by frame pointers and
+native frames have no names, and `pyoffcpu doctor` says so.  The Python
+code that computes the same bytes is the tests' reference (tests/reference/).
 """
 from __future__ import annotations
 
 import functools
 import mmap
 import os
-import resource
 import subprocess
 import tempfile
 import time
@@ -28,10 +30,20 @@ MEMORY_LIMIT = 4 << 30              # address space (the file itself is mapped)
 WALL_LIMIT_S = 600.0
 
 
+# The .deb ships the libcapstone.so of the wheel the helper was built
+# against here, with its version in VERSION (tools/build_deb.py): Debian 12's
+# own capstone is 4.0, whose ABI is another.
+BUNDLED_CAPSTONE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+
+
 @functools.lru_cache(maxsize=None)
 def capstone_lib() -> Optional[str]:
-    """The directory of the libcapstone.so that this Python's capstone
-    package carries (pip's wheel has it in capstone/lib), or None."""
+    """The directory of the libcapstone.so the helper decodes with: the one
+    bundled beside it (the .deb), else the one this Python's capstone
+    package carries (pip's wheel has it in capstone/lib); None: neither, and
+    the helper makes tables without prologue analysis."""
+    if os.path.isfile(os.path.join(BUNDLED_CAPSTONE, "libcapstone.so")):
+        return BUNDLED_CAPSTONE
     import importlib.util
     try:
         spec = importlib.util.find_spec("capstone")
@@ -44,8 +56,33 @@ def capstone_lib() -> Optional[str]:
     return None
 
 
-# what a helper's environment holds besides limits_env (a Python fallback
-# needs to find this package)
+@functools.lru_cache(maxsize=None)
+def capstone_version() -> Optional[str]:
+    """The version of the capstone in capstone_lib(): the bundled one's
+    VERSION file, else the binding's distribution metadata beside the
+    package (capstone-5.0.7.dist-info): a directory listing, where
+    importing capstone or importlib.metadata costs 0.1-0.2 s of a start."""
+    lib = capstone_lib()
+    if lib is None:
+        return None
+    if lib == BUNDLED_CAPSTONE:
+        try:
+            with open(os.path.join(lib, "VERSION"), encoding="ascii") as f:
+                return f.read(64).strip() or None
+        except (OSError, ValueError):
+            return None
+    parent = os.path.dirname(os.path.dirname(lib))
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        names = []
+    for n in sorted(names):
+        if n.lower().startswith("capstone-") and n.endswith(".dist-info"):
+            return n[len("capstone-"):-len(".dist-info")]
+    return None
+
+
+# what a helper's environment holds besides limits_env
 _BASE_ENV = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL")}
 
 
@@ -98,9 +135,23 @@ class HelperError(Exception):
 
 
 def available() -> bool:
-    """The binary is built (and not turned off: PYOFFCPU_HELPER=0 makes
-    every caller take its Python fallback, for tests and measurements)."""
-    return os.environ.get("PYOFFCPU_HELPER", "1") != "0" and os.access(BINARY, os.X_OK)
+    """The binary is built."""
+    return os.access(BINARY, os.X_OK)
+
+
+def memory_file(name: str, data: bytes) -> int:
+    """An unnamed in-memory file holding data (a memfd: the vDSO's image,
+    which is no file on disk), for a Job on /proc/self/fd/N; its descriptor."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_regular(path: str) -> int:
@@ -116,16 +167,16 @@ def open_regular(path: str) -> int:
 
 
 # The limits go to the helper in its environment, and it sets them itself
-# first thing (main.c; apply_limits() in a Python fallback): a start with no
-# code of ours between fork and exec lets the kernel vfork, ~1 ms instead of
-# ~10 ms for a pyoffcpu that maps 100 MB (a torch target has ~90 files).
+# first thing (main.c): a start with no code of ours between fork and exec
+# lets the kernel vfork, ~1 ms instead of ~10 ms for a pyoffcpu that maps
+# 100 MB (a torch target has ~90 files).
 LIMITS_ENV = "PYOFFCPU_HELPER_LIMITS"
 
 
 def limits_env() -> dict:
-    """What every helper's environment holds: its limits, and the capstone
-    library this Python's binding uses (the compiled helper's dlopen looks
-    in LD_LIBRARY_PATH first, then in its RUNPATH: the wheel's layout)."""
+    """What every helper's environment holds: its limits, and where its
+    capstone is (capstone_lib(): its dlopen looks in LD_LIBRARY_PATH first,
+    then in its RUNPATH, the wheel's layout)."""
     env = {LIMITS_ENV: f"{CPU_LIMIT_S} {MEMORY_LIMIT}"}
     lib = capstone_lib()
     if lib:
@@ -133,25 +184,14 @@ def limits_env() -> dict:
     return env
 
 
-def apply_limits() -> None:
-    """In a helper written in Python: the limits its environment names, as
-    the compiled one sets them; no core file."""
-    try:
-        cpu, mem = (int(x) for x in os.environ.get(LIMITS_ENV, "").split())
-    except ValueError:
-        cpu, mem = CPU_LIMIT_S, MEMORY_LIMIT
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
 class Job:
     """One run of the helper on one file (started at once)."""
 
     def __init__(self, args: Sequence[str], path: str, extra_paths: Sequence[str] = (),
-                 wall_limit_s: float = WALL_LIMIT_S, program: Optional[Sequence[str]] = None):
-        """args: the helper's command and options; program: what runs them
-        (default the binary; the Python fallbacks give their own)."""
+                 wall_limit_s: float = WALL_LIMIT_S):
+        """args: the helper's command and options; path: the file it reads
+        (opened here, its standard input); extra_paths: more files, their
+        descriptor numbers after args."""
         self.args = list(args)
         self.path = path
         self._budget: Optional[Budget] = None
@@ -169,7 +209,7 @@ class Job:
             # extra files: the helper gets their descriptor numbers as arguments
             # a session of its own: the terminal's Ctrl-C and hang-up are pyoffcpu's
             self._proc = subprocess.Popen(
-                list(program or [BINARY]) + self.args + [str(fd) for fd in fds[1:]],
+                [BINARY] + self.args + [str(fd) for fd in fds[1:]],
                 stdin=fds[0], stdout=self._out, stderr=self._err, close_fds=True,
                 pass_fds=fds[1:], start_new_session=True,
                 env=dict(_BASE_ENV, **limits_env()))

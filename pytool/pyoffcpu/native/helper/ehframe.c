@@ -1,5 +1,5 @@
-/* .eh_frame: unwind/ehframe.py's parse_eh_frame and the FDE part of
- * table.py's build_table (encode_row, the unsupported count), streamed:
+/* .eh_frame: tests/reference/ehframe.py's parse_eh_frame and the FDE part
+ * of unwind_table.py's build_table (encode_row, the unsupported count), streamed:
  * each FDE's rows go to the table entries as they are made (_dedupe
  * keeps the last row of one loc), never kept.
  *

@@ -1,4 +1,4 @@
-/* Prologue analysis: unwind/prologue.py's derived_rows, rule for rule.
+/* Prologue analysis: tests/reference/prologue.py's derived_rows, rule for rule.
  *
  * The analysis reads capstone's Intel-syntax text (mnemonic, operands)
  * with Python's string tests; each instruction's text is read once, when

@@ -1,5 +1,6 @@
 /* pyoffcpu-elf symbols [DEBUG_FD] <ELF >INDEX: the function index of a file
- * (and of its separate debug file), the format symindex.py reads:
+ * (and of its separate debug file), the format symindex.py reads; the
+ * bytes of tests/reference/symbol_index.py's build_bytes:
  *
  *   header (64 bytes, little-endian)
  *     0  magic "PYOFSYMI"          8  u32 version (1)     12 u32 0

@@ -1,8 +1,8 @@
 /* pyoffcpu-elf table [--no-prologue] <ELF >TABLE
  *
  * The unwind table of an ELF file, exactly the bytes of
- *     table.serialize(table.table_from_elf(f, path, ElfCache()))
- * (unwind/table.py; --no-prologue: with PYOFFCPU_PROLOGUE=0).  The Python
+ *     unwind_table.table_bytes(f, path, ElfCache())
+ * (tests/reference/; --no-prologue: with PYOFFCPU_PROLOGUE=0).  The Python
  * is the reference and this file follows it: table_from_elf and
  * build_table here, .eh_frame in ehframe.c, the prologue analysis in
  * prologue.c, what pyelftools and ElfCache read in tables_elf.c.

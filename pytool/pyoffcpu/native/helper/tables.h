@@ -1,6 +1,6 @@
 /* The `table` command's parts (tables.c, tables_elf.c, ehframe.c,
- * prologue.c): the unwind table of pytool/pyoffcpu/native/unwind/table.py,
- * byte for byte.  The Python is the reference; these files follow its
+ * prologue.c): the unwind table of tests/reference/unwind_table.py, byte
+ * for byte.  The Python is the reference; these files follow its
  * functions one by one, and say where they do what its libraries
  * (pyelftools, struct, the capstone binding, int()) do for it.
  *

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 from .. import helper
 from . import table as T
 
+NO_HELPER = f"no unwind tables ({helper.BINARY} is not built: make install)"
 BUILD_LIMIT_S = 300.0       # a build that takes longer is killed: that file walks without
 HELPER_PER_EH_FRAME = 9     # a build's peak RSS: helper.HELPER_BASE + this x its .eh_frame
 
@@ -61,6 +62,7 @@ class Builds:
         self.times: Dict[str, float] = {}       # file -> seconds its build took (bench)
         self.started = 0
         self.failed = 0
+        self.no_helper_noted = False
 
     def want(self, key: tuple, cache_key: str, build_id: Optional[str], name: str,
              paths: List[str], size: int, eh_frame_size: int = 0, expect: Optional[tuple] = None) -> int:
@@ -182,7 +184,12 @@ class Builds:
                 and time.monotonic() - p.since < BUILD_LIMIT_S)
 
     def _start(self, p: Pending) -> Optional[helper.Job]:
-        args, program = T.build_command()
+        if not helper.available():
+            if not self.no_helper_noted:
+                self.no_helper_noted = True
+                self.notices.append(f"{NO_HELPER}: native stacks are walked by frame pointer")
+            return None
+        args = T.build_args()
         # with a disk cache the helper writes the table there itself: one the
         # session ends before is still made, for the next start
         p.into = self.cache.path_of(p.cache_key)
@@ -191,7 +198,7 @@ class Builds:
         err = "cannot be opened"
         for path in p.paths:
             try:
-                job = helper.Job(args, path, program=program, wall_limit_s=BUILD_LIMIT_S)
+                job = helper.Job(args, path, wall_limit_s=BUILD_LIMIT_S)
             except OSError as e:
                 err = e.strerror or str(e)
                 continue

@@ -26,13 +26,11 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ...kernel import bpfdefs
 from ... import cachedir
 from ..elfcache import STAT_SETTLED_NS
-from ..elffile import section_bytes
-from . import ehframe as E
 
 # the row kinds and limits BPF reads them with (bpf/unwind_defs.h)
 UR_INVALID, UR_RSP, UR_RBP, UR_PLT, UR_END, UR_DRAP, UR_RBX, UR_DERIVED = (
@@ -111,128 +109,6 @@ class UnwindTable:
         return _max_rows_per_page(self.pages)
 
 
-def _plt_threshold(expr: bytes) -> Optional[Tuple[int, int]]:
-    """(offset, K) for the PLT rule `rsp + off + ((rip & 15) >= K) << 3`."""
-    # DW_OP_breg7 sleb off; DW_OP_breg16 0; lit15; and; litK; ge; lit3; shl; plus
-    if len(expr) < 11 or expr[0] != 0x77:
-        return None
-    off, pos = E.read_sleb(expr, 1)
-    tail = expr[pos:]
-    if (len(tail) == 9 and tail[0:2] == b"\x80\x00" and tail[2] == 0x3F and tail[3] == 0x1A
-            and 0x30 <= tail[4] <= 0x4F and tail[5:] == b"\x2a\x33\x24\x22"):
-        return off, tail[4] - 0x30
-    return None
-
-
-def _drap_offset(expr: bytes) -> Optional[int]:
-    """N of the CFA rule `DW_OP_breg6 N; DW_OP_deref` (the word at rbp + N),
-    which GCC emits for a function that realigns its stack."""
-    if len(expr) < 3 or expr[0] != 0x76:
-        return None
-    off, pos = E.read_sleb(expr, 1)
-    return off if expr[pos:] == b"\x06" else None
-
-
-def encode_row(r: E.Row) -> Tuple[int, int, int]:
-    """(kind, cfa_off, rbp) of one parsed row."""
-    if r.ra[0] == E.UNDEFINED:
-        return (UR_END, 0, 0)
-    if r.cfa_expr is not None:
-        plt = _plt_threshold(r.cfa_expr)
-        if plt is not None and -32768 <= plt[0] < 32768 and r.ra == (E.OFFSET, -8):
-            return (UR_PLT, plt[0], plt[1])
-        drap = _drap_offset(r.cfa_expr)
-        if drap is None or not -32768 <= drap < 32768 or r.ra != (E.OFFSET, -8):
-            return (UR_INVALID, 0, 0)
-        kind, cfa_off = UR_DRAP, drap
-    elif r.ra != (E.OFFSET, -8):
-        return (UR_INVALID, 0, 0)
-    elif r.cfa_reg == E.REG_RSP:
-        kind, cfa_off = UR_RSP, r.cfa_off
-    elif r.cfa_reg == E.REG_RBP:
-        kind, cfa_off = UR_RBP, r.cfa_off
-    else:
-        return (UR_INVALID, 0, 0)
-    if not -32768 <= cfa_off < 32768:
-        return (UR_INVALID, 0, 0)
-    rk, ro = r.rbp
-    if rk == E.SAME:
-        rbp = 0
-    elif rk == E.OFFSET and ro % 8 == 0 and -127 * 8 <= ro < 0:
-        rbp = ro // 8
-    elif rk == E.AT_RBP and ro == 0 and kind == UR_DRAP:
-        # only where the CFA comes from rbp, so rbp is this frame's own: in
-        # the instruction after an epilogue's `pop %rbp` GCC's rule still
-        # says "at rbp" of a register that is the caller's already
-        rbp = RBP_AT_RBP
-    else:
-        rbp = RBP_LOST
-    return (kind, cfa_off, rbp)
-
-
-def build_table(fdes: Iterable[E.FdeTable], build_id: Optional[str] = None,
-                derived: Iterable[Tuple[int, Tuple[int, int, int]]] = ()) -> UnwindTable:
-    """derived: (address, (kind | UR_DERIVED, cfa_off, rbp)) rows of the
-    functions no FDE covers (prologue.py), their ends invalid rows."""
-    # (loc, priority, encoding): a rule at loc wins over the end marker of the
-    # FDE before it (priority 0 < 1).
-    entries: List[Tuple[int, int, Tuple[int, int, int]]] = []
-    for loc, enc in derived:
-        end = (enc[0] & ~UR_DERIVED) == UR_INVALID
-        entries.append((loc, 1 if end else 0, enc))
-    unsupported = 0
-    for fde in fdes:
-        for r in fde.rows:
-            if fde.pc_begin <= r.loc < fde.pc_end:
-                enc = encode_row(r) if not fde.signal_frame else (UR_INVALID, 0, 0)
-                if enc[0] == UR_INVALID:
-                    unsupported += 1
-                entries.append((r.loc, 0, enc))
-        entries.append((fde.pc_end, 1, (UR_INVALID, 0, 0)))
-    if not entries:
-        return UnwindTable(0, b"", array.array("I", [0]), build_id)
-    entries.sort(key=lambda e: (e[0], e[1]))
-    base = entries[0][0] & ~(PAGE - 1)
-    out = bytearray()
-    locs: List[int] = []
-    last_loc = None
-    last_enc = None
-    for loc, _prio, enc in entries:
-        if loc == last_loc:
-            continue                    # an earlier entry at the same loc won
-        last_loc = loc
-        if enc == last_enc:
-            continue
-        last_enc = enc
-        rel = loc - base
-        if rel >= 1 << 32:
-            break                       # objects over 4 GiB of code: rest unsupported
-        out += ROW.pack(rel, enc[1], enc[0], enc[2])
-        locs.append(rel)
-    shift = page_shift(locs)
-    pages = _page_index(locs, shift)
-    return UnwindTable(base, bytes(out), pages, build_id, unsupported, shift)
-
-
-def page_shift(locs: List[int]) -> int:
-    """The page size (log2) of a table's index: 4 KiB pages unless a page
-    would hold more rows than the BPF search takes (then smaller pages, down
-    to MIN_PAGE_SHIFT), but never more pages than max_pages() allows for its
-    rows: the index is sized by what the file holds, not by the address span
-    it claims (a 27 KB library with code at 0x40000000 gets a few hundred
-    pages, not a quarter million).  A page left with more rows than the
-    search takes finds no row there (the walk ends), never a wrong one."""
-    cap = max_pages(len(locs))
-    last = locs[-1]
-    shift = PAGE_SHIFT
-    while (last >> shift) + 1 > cap:
-        shift += 1                      # ends by 31: rel < 2^32, cap >= 2
-    while (shift > MIN_PAGE_SHIFT and (last >> (shift - 1)) + 1 <= cap
-           and _max_rows_per_page(_page_index(locs, shift)) > MAX_ROWS_PER_PAGE):
-        shift -= 1
-    return shift
-
-
 def max_pages(nrows: int) -> int:
     """The most index entries a table of nrows rows gets (helper/tables.c
     the same): 4 per row and 256 more, so the index costs the kernel at most
@@ -244,20 +120,6 @@ def _max_rows_per_page(pages: array.array) -> int:
     return max((pages[i + 1] - pages[i] + 1 for i in range(len(pages) - 1)), default=0)
 
 
-def _page_index(locs: List[int], shift: int) -> array.array:
-    n = len(locs)
-    npages = (locs[-1] >> shift) + 1
-    pages = array.array("I", bytes(4 * (npages + 1)))
-    i = 0
-    for p in range(npages):
-        start = p << shift
-        while i + 1 < n and locs[i + 1] <= start:
-            i += 1
-        pages[p] = i
-    pages[npages] = n - 1
-    return pages
-
-
 # ---------------------------------------------------------------------------
 # ELF files and the on-disk cache
 # ---------------------------------------------------------------------------
@@ -265,72 +127,22 @@ MAGIC = b"PYOFFUW2"
 _HDR = struct.Struct("<8sQIIII")       # magic, base, nrows, npages, unsupported, page shift
 
 
-def table_from_elf(stream, path: Optional[str] = None, elf_cache=None) -> UnwindTable:
-    """The table of an ELF file's .eh_frame (stream: an open binary file),
-    with rows from prologue analysis for its functions without CFI (their
-    symbols through the session's ElfCache when `path` is given)."""
-    from elftools.elf.elffile import ELFFile
-    elf = ELFFile(stream)
-    if elf["e_machine"] != "EM_X86_64":
-        raise E.EhFrameError(f"not x86_64 ({elf['e_machine']})")
-    sec = elf.get_section_by_name(".eh_frame")
-    fdes = [] if sec is None or sec["sh_type"] == "SHT_NOBITS" else list(
-        E.parse_eh_frame(section_bytes(sec), sec["sh_addr"]))
-    from . import prologue
-    syms = None
-    if path is not None:
-        try:
-            syms = prologue.function_symbols(path, elf_cache)
-        except Exception:               # noqa: BLE001 - read them with pyelftools instead
-            syms = None
-    derived = prologue.derived_rows(elf, [(f.pc_begin, f.pc_end) for f in fdes], syms) \
-        if prologue.enabled() else []
-    return build_table(fdes, derived=derived)
+def prologue_enabled() -> bool:
+    """Prologue analysis (the helper's, for code without CFI) is on unless
+    PYOFFCPU_PROLOGUE=0 (for measuring what it costs and buys: make bench
+    case 14) or the helper has no capstone to decode with."""
+    from .. import helper
+    return os.environ.get("PYOFFCPU_PROLOGUE", "1") != "0" and helper.capstone_lib() is not None
 
 
 def _variant() -> str:
     """What else a cached table depends on: tables built without prologue
-    analysis (PYOFFCPU_PROLOGUE=0) are cached apart, and so are those that
-    another capstone decoded (its text is what the analysis reads)."""
-    from . import prologue
-    if not prologue.enabled():
+    analysis are cached apart, and so are those that another capstone
+    decoded (its text is what the analysis reads)."""
+    if not prologue_enabled():
         return "noprologue:"
-    global _CAPSTONE
-    if _CAPSTONE is None:
-        v = capstone_version()
-        _CAPSTONE = f"capstone-{v}:" if v else "nocapstone:"
-    return _CAPSTONE
-
-
-_CAPSTONE: Optional[str] = None
-
-
-def capstone_version() -> Optional[str]:
-    """The installed capstone's version, from its distribution's metadata
-    directory beside the package (capstone-5.0.9.dist-info, Debian's
-    capstone-4.0.2.egg-info): a directory listing, where importing capstone
-    or importlib.metadata costs 0.1-0.2 s of a start.  None: not installed."""
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec("capstone")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    parent = os.path.dirname(list(spec.submodule_search_locations)[0])
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        names = []
-    for n in sorted(names):
-        for ext in (".dist-info", ".egg-info"):
-            if n.lower().startswith("capstone-") and n.endswith(ext):
-                return n[len("capstone-"):-len(ext)].split("-py")[0]
-    try:
-        from importlib.metadata import version
-        return version("capstone")
-    except Exception:               # noqa: BLE001 - no metadata
-        return None
+    from .. import helper
+    return f"capstone-{helper.capstone_version() or 'unknown'}:"
 
 
 def serialize(t: UnwindTable) -> bytes:
@@ -375,16 +187,10 @@ def default_cache_dir() -> Optional[str]:
 _safe_dir = cachedir.safe_dir
 
 
-def build_command() -> Tuple[List[str], Optional[List[str]]]:
-    """(args, program) of a helper job that writes a file's serialized
-    table to its standard output: the compiled helper's `table` command,
-    or, without it, the same from this package in another Python."""
-    from .. import helper
-    from . import prologue
-    args = ["table"] + ([] if prologue.enabled() else ["--no-prologue"])
-    if helper.available():
-        return args, None
-    return args, [sys.executable, "-m", "pyoffcpu.native.unwind.table"]
+def build_args() -> List[str]:
+    """The helper's command line for a file's serialized table (its
+    `table` command writes it to standard output)."""
+    return ["table"] + ([] if prologue_enabled() else ["--no-prologue"])
 
 
 UNSETTLED_KEY = "unsettled-"        # a TableCache key that is never on disk
@@ -406,13 +212,11 @@ def settled(st: os.stat_result) -> bool:
 
 
 def build_now(path: str, expect: Optional[tuple] = None) -> UnwindTable:
-    """A file's table, built now, in a helper process (the compiled one if
-    there is one); expect: the file_identity the file must have when the
+    """A file's table, built now, in a helper process; expect: the file_identity the file must have when the
     helper opens it (a path swapped meanwhile: no table).  Raises
     (helper.HelperError, OSError, ValueError)."""
     from .. import helper
-    args, program = build_command()
-    job = helper.Job(args, path, program=program)
+    job = helper.Job(build_args(), path)
     try:
         if expect is not None and file_identity(job.opened) != expect:
             raise helper.HelperError("the file changed while its table was made")
@@ -434,7 +238,7 @@ class TableCache:
     `get` builds what it lacks at once; the session builds in the
     background instead (build.py) and hands the results to `store`."""
 
-    VERSION = 6                         # 2: rows from prologue analysis (prologue.py); 3: its RBP_LOST;
+    VERSION = 6                         # 2: rows from prologue analysis (helper/prologue.c); 3: its RBP_LOST;
                                         # 4: UR_DRAP, UR_RBX, RBP_AT_RBP; 5: code no symbol covers
     MAX_FILES = 2048                    # past this, the least recently used half goes
 
@@ -523,9 +327,9 @@ class TableCache:
     def get_bytes(self, name: str, data: bytes, build_id: Optional[str]) -> Optional[UnwindTable]:
         """For in-memory images (the vDSO): kept on disk too, keyed by the
         image's bytes (never by its build-id alone), so that a start does not
-        analyse the vDSO's code again (its functions without CFI: 0.25 s,
-        most of it importing capstone)."""
-        import io
+        start a helper for it again.  The helper reads the bytes from an
+        unnamed in-memory file (helper.memory_file)."""
+        from .. import helper
         key = hashlib.sha256(f"v{self.VERSION}:{_variant()}mem:{name}:{build_id}".encode()
                              + hashlib.sha256(data).digest()).hexdigest()[:32]
         if key in self._mem:
@@ -534,8 +338,12 @@ class TableCache:
         if t is not None:
             return t
         try:
-            t = table_from_elf(io.BytesIO(data))
-        except Exception:
+            fd = helper.memory_file(name, data)
+            try:
+                t = build_now(f"/proc/self/fd/{fd}")
+            finally:
+                os.close(fd)
+        except (OSError, ValueError, helper.HelperError):
             self._mem[key] = None
             return None
         return self.store(key, t, build_id)
@@ -581,39 +389,3 @@ class TableCache:
                 os.unlink(os.path.join(self.dir, n))
         except OSError:
             pass
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """`python -m pyoffcpu.native.unwind.table table [--no-prologue] [--into PATH] <ELF`:
-    the compiled helper's `table` command in Python, where it was not
-    built: the serialized table to standard output, or written to PATH
-    (beside it first, then renamed: a reader never sees half a table)."""
-    argv = sys.argv[1:] if argv is None else argv
-    from .. import helper
-    helper.apply_limits()
-    into = None
-    if len(argv) >= 3 and argv[-2] == "--into":
-        into, argv = argv[-1], argv[:-2]
-    if not argv or argv[0] != "table" or any(a != "--no-prologue" for a in argv[1:]):
-        print("usage: python -m pyoffcpu.native.unwind.table table [--no-prologue] [--into PATH] <ELF",
-              file=sys.stderr)
-        return 2
-    if "--no-prologue" in argv:
-        os.environ["PYOFFCPU_PROLOGUE"] = "0"
-    path = f"/proc/self/fd/{sys.stdin.fileno()}"
-    try:
-        with open(sys.stdin.fileno(), "rb", closefd=False) as f:
-            data = serialize(table_from_elf(f, path))
-    except Exception as e:          # noqa: BLE001 - one line, exit 1, as the helper does
-        print(f"pyoffcpu.native.unwind.table: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    if into is None:
-        sys.stdout.buffer.write(data)
-    elif not cachedir.write_private(into, data):
-        print(f"pyoffcpu.native.unwind.table: cannot write {into}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

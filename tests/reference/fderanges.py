@@ -2,14 +2,14 @@
 describes begins and ends), read by the rules of helper/symbols.c: every
 read bounded by its entry, parsing stopped at the first malformed one.
 The function index (symindex.py) names code no symbol covers by them.
-unwind/ehframe.py reads the same section for the unwinder's rows, with
+ehframe.py (here too) reads the same section for the unwinder's rows, with
 the unwinder's rules; tests/test_symbol_index.py checks that both give the
 same ranges."""
 from __future__ import annotations
 
 from typing import List, Tuple
 
-from ..leb128 import read_sleb, read_uleb
+from pyoffcpu.leb128 import read_sleb, read_uleb
 
 U64_MAX = (1 << 64) - 1
 

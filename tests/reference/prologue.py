@@ -1,4 +1,5 @@
-"""Unwind rows for functions no FDE covers, from their own instructions.
+"""Unwind rows for functions no FDE covers, from their own instructions:
+the reference of the compiled helper's helper/prologue.c, rule for rule.
 
 Hand-written assembly (BLAS and GEMM kernels, vectorised math) often ships
 without CFI, so .eh_frame has nothing for it and every stack stops there.
@@ -52,8 +53,8 @@ import bisect
 import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from ...kernel import bpfdefs
-from ..elffile import MAX_CODE_SECTION_BYTES, section_bytes
+from pyoffcpu.kernel import bpfdefs
+from pyoffcpu.native.elffile import MAX_CODE_SECTION_BYTES, section_bytes
 
 UR_DERIVED = bpfdefs.value("UR_DERIVED")
 UR_RSP, UR_RBP, UR_RBX, UR_INVALID = (bpfdefs.value(n) for n in ("UR_RSP", "UR_RBP", "UR_RBX", "UR_INVALID"))
@@ -475,7 +476,7 @@ def uncovered_functions(symbols: Iterable[Tuple[int, int]], covered: Sequence[Tu
 def function_symbols(path: str, elf_cache=None) -> List[Tuple[int, int]]:
     """(start, size) of the file's function symbols, from the session's
     ElfCache (parsed once, shared with the symbolizer)."""
-    from ..elfcache import default_cache
+    from pyoffcpu.native.elfcache import default_cache
     ef = (elf_cache or default_cache()).get(path, symbols=True)
     if ef is None:
         return []

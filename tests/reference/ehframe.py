@@ -9,7 +9,8 @@ thread entry of `clone`).  Everything else is parsed and skipped.
 
 The result is one `FdeTable` per FDE: the rows exactly as
 `readelf --debug-dump=frames-interp` prints them (tests compare both), and
-`compact.py` turns them into the sorted table the BPF unwinder searches.
+unwind_table.py turns them into the sorted table the BPF unwinder searches.
+The reference of the compiled helper's helper/ehframe.c.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ...leb128 import read_sleb, read_uleb     # noqa: F401 - this module's readers too
+from pyoffcpu.leb128 import read_sleb, read_uleb     # noqa: F401 - this module's readers too
 
 # x86_64 DWARF register numbers
 REG_RBP = 6

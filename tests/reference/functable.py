@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .elffile import SHN_LORESERVE, STB_GLOBAL, STB_LOCAL, STB_WEAK, ElfFile
+from pyoffcpu.native.elffile import SHN_LORESERVE, STB_GLOBAL, STB_LOCAL, STB_WEAK, ElfFile
 
 _BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1, STB_LOCAL: 2}
 
