@@ -7,6 +7,7 @@ demangler in the process reads names as c++filt does."""
 import bisect
 import os
 import random
+import re
 import shutil
 import stat
 import subprocess
@@ -275,6 +276,40 @@ def test_the_disk_cache(monkeypatch, tmp_path, small):
     third = _elf(small)
     assert third.symbols() == want
     assert path.read_bytes() == _python_bytes(first)   # and written again
+
+
+ZLIB_LOOP = """
+import sys, time, zlib
+end = time.monotonic() + float(sys.argv[1])
+data = bytes(range(256)) * 400
+while time.monotonic() < end:
+    zlib.compress(data)
+"""
+
+
+def test_a_recording_without_the_helper_works_and_says_why_frames_lack_names(tmp_path, bpf):
+    """A source tree nobody built the helper in: the recording works (its
+    Python frames, native stacks by frame pointer) and says, once each,
+    that nothing makes unwind tables and why native frames have no names,
+    instead of pointing at a debug package that would not help."""
+    from conftest import ROOT, env, pyoffcpu_cmd, python_or_skip
+    python = python_or_skip("pyenv-3.12")
+    tree = tmp_path / "tree"
+    shutil.copytree(os.path.join(ROOT, "pytool"), tree, symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__", "pyoffcpu-elf", "*.egg-info"))
+    busy = tmp_path / "busy.py"
+    busy.write_text(ZLIB_LOOP)
+    out = tmp_path / "out.folded"
+    e = env()
+    e["PYTHONPATH"], e["PYOFFCPU_CACHE_DIR"] = str(tree), ""
+    res = subprocess.run(pyoffcpu_cmd("-o", str(out), "--", python, str(busy), "2"), env=e,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    missing = f"{tree}/pyoffcpu/native/helper/pyoffcpu-elf is not built (make install)"
+    assert res.stderr.count(missing) == 1, res.stderr                   # names
+    assert res.stderr.count("pyoffcpu-elf is not built: make install") == 1, res.stderr   # tables
+    assert "dbgsym" not in res.stderr and "debug file" not in res.stderr, res.stderr
+    assert re.search(r"<module> \(\S*busy\.py:6\)", out.read_text()), out.read_text()[:2000]
 
 
 def test_without_the_helper_a_file_has_no_names_and_nothing_fails(monkeypatch, small):

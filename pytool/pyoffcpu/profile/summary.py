@@ -302,6 +302,10 @@ def wheel_of(path: Optional[str]) -> Optional[str]:
 def symbol_hints(prof: Profile, owner=_dpkg_owner) -> List[str]:
     """The summary's lines about objects without symbols (see UNNAMED_SHARE)."""
     rows = unnamed_modules(prof)
+    if rows:
+        from ..native import helper
+        if not helper.available():      # no index was made: a debug file would not help
+            return [f"pyoffcpu: native frames have no names: {helper.BINARY} is not built (make install)"]
     total = prof.total_ns()
     out = [debug_hint(info, ns, total, owner) for info, ns in rows[:UNNAMED_LINES]]
     if len(rows) > UNNAMED_LINES:

@@ -62,7 +62,6 @@ class Builds:
         self.times: Dict[str, float] = {}       # file -> seconds its build took (bench)
         self.started = 0
         self.failed = 0
-        self.no_helper_noted = False
 
     def want(self, key: tuple, cache_key: str, build_id: Optional[str], name: str,
              paths: List[str], size: int, eh_frame_size: int = 0, expect: Optional[tuple] = None) -> int:
@@ -184,11 +183,6 @@ class Builds:
                 and time.monotonic() - p.since < BUILD_LIMIT_S)
 
     def _start(self, p: Pending) -> Optional[helper.Job]:
-        if not helper.available():
-            if not self.no_helper_noted:
-                self.no_helper_noted = True
-                self.notices.append(f"{NO_HELPER}: native stacks are walked by frame pointer")
-            return None
         args = T.build_args()
         # with a disk cache the helper writes the table there itself: one the
         # session ends before is still made, for the next start

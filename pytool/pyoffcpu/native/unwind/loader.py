@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from .. import symbols
+from .. import helper, symbols
 from ..elfcache import ElfCache, default_cache
 from ..elffile import load_bias
 from ...kernel.bpfdefs import MAX_UNWIND_MAPS, UNWIND_FILE_PENDING
@@ -161,6 +161,11 @@ class NativeUnwinder(WalkedStacks):
         if background is None:
             background = bpf is not None
         self.builds = B.Builds(self.cache) if background and tables else None
+        if tables and not helper.available():
+            # the disk cache may still hold tables; nothing makes new ones
+            self.builds = None
+            self.notices.append(f"{B.NO_HELPER}: native stacks through files without a cached "
+                                "table are walked by frame pointer")
         self._exe_of: Dict[int, list] = {}      # pid -> its executable mappings at the last update
         # pid -> which image its regions are of (a new token at exec and after
         # forget): a captured stack is walked with its own image's only
