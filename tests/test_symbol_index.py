@@ -307,7 +307,7 @@ def test_a_recording_without_the_helper_works_and_says_why_frames_lack_names(tmp
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     missing = f"{tree}/pyoffcpu/native/helper/pyoffcpu-elf is not built (make install)"
     assert res.stderr.count(missing) == 1, res.stderr                   # names
-    assert res.stderr.count("pyoffcpu-elf is not built: make install") == 1, res.stderr   # tables
+    assert res.stderr.count("pyoffcpu-elf is not built: make install): files without") == 1, res.stderr
     assert "dbgsym" not in res.stderr and "debug file" not in res.stderr, res.stderr
     assert re.search(r"<module> \(\S*busy\.py:6\)", out.read_text()), out.read_text()[:2000]
 

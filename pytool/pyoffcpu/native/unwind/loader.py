@@ -160,12 +160,9 @@ class NativeUnwinder(WalkedStacks):
         self._gen = 0                   # proc_unwind.gen: unique per write
         if background is None:
             background = bpf is not None
-        self.builds = B.Builds(self.cache) if background and tables else None
-        if tables and not helper.available():
-            # the disk cache may still hold tables; nothing makes new ones
-            self.builds = None
-            self.notices.append(f"{B.NO_HELPER}: native stacks through files without a cached "
-                                "table are walked by frame pointer")
+        self.builds = B.Builds(self.cache) if background and tables and helper.available() else None
+        if tables and not helper.available():       # tables only from the disk cache
+            self.notices.append(f"{B.NO_HELPER}: files without a cached table are walked by frame pointer")
         self._exe_of: Dict[int, list] = {}      # pid -> its executable mappings at the last update
         # pid -> which image its regions are of (a new token at exec and after
         # forget): a captured stack is walked with its own image's only
