@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ..kernel import bpfdefs
 from ..cpython import detect
@@ -151,6 +151,7 @@ class Recording:
     drops_ns: Dict[str, int] = field(default_factory=dict)           # time the drops lost
     notices: List[str] = field(default_factory=list)
     exit_status: Optional[int] = None       # of a launched command
+    gone_pids: Set[int] = field(default_factory=set)   # targets whose process ended (or lost its PID)
     exact_on_cpu: bool = False              # on-CPU per thread from switch timestamps
     tasks: Optional[object] = None          # --async: collect/tasks.py's TaskTimes
     # --wakers: (the wait's key in stacks, its waker) -> [waits, ns], the waker

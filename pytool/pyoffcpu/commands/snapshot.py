@@ -551,8 +551,10 @@ def _record(opts: SnapshotOptions, targets: List[Candidate], index: dict, writte
             "time": rec.start_time, "host": opts.host, "pid": t.pid, "name": t.name,
             "cmdline": t.cmdline, "python": pythons.get(t.pid, ""), "mode": opts.mode,
             "frequency_hz": opts.frequency, "duration_s": round(rec.duration_s, 3),
-            # every thread's last switch-out seen (BPF: TASK_DEAD): it ended meanwhile
-            "gone_at_end": all(th.exited for th in rec.threads.values() if th.pid == t.pid),
+            # it ended meanwhile: its exit seen or found (the targets' liveness
+            # check), or every thread's last switch-out seen (BPF: TASK_DEAD)
+            "gone_at_end": t.pid in rec.gone_pids or all(
+                th.exited for th in rec.threads.values() if th.pid == t.pid),
             "on_cpu_ns": on, "off_cpu_ns": off,
             "off_cpu_by_reason_ns": dict(sorted(by_reason.items(), key=lambda kv: -kv[1])),
             "threads": len({k.tid for k in part.weights}),

@@ -541,6 +541,7 @@ class Targets:
         now): its BPF registrations go, so nothing is walked with them."""
         if tgt.retired:
             return
+        self.rec.gone_pids.add(tgt.pid)
         self._release(tgt)
         try:
             del self.bpf["procs"][self.bpf["procs"].Key(tgt.pid)]
