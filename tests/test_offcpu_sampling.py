@@ -31,21 +31,47 @@ SECONDS = 4
 SHORT_LABELS = ["pyenv-3.12", "debian-3.11", "debian-3.14"]
 
 
+def _short_split(label, tmp_path):
+    """One sampled recording of the 100 us blocks: (line A's share, the
+    workload's own share, expected samples n)."""
+    tmp_path.mkdir()
+    split = TwoCallers.record(label, tmp_path, SECONDS, "-F", "999", block_s=0.0001)
+    split.check_whole(SECONDS)
+    assert "sampled of" in split.stderr, split.stderr
+    return split.share_a, split.truth_a, (split.a + split.b) / 1e9 * 999, split.explain()
+
+
+def _sigma(truth, n):
+    p = truth / 100
+    return 100 * math.sqrt(p * (1 - p) / n)
+
+
 @pytest.mark.parametrize("label", SHORT_LABELS)
 def test_short_waits_split_within_3_sigma_of_the_truth(label, tmp_path, bpf):
     """100 us blocks at -F 999 (T = 1 ms): each block's stack is taken with
     probability d/T; the caller's exact blocked time is split over the
     lines by the stacks sampled.  n = E/T samples are expected for E of
-    short waits, and the share's sigma is sqrt(p(1-p)/n)."""
-    split = TwoCallers.record(label, tmp_path, SECONDS, "-F", "999", block_s=0.0001)
-    split.check_whole(SECONDS)
-    assert "sampled of" in split.stderr, split.stderr
-    p = split.truth_a / 100
-    n = (split.a + split.b) / 1e9 * 999
-    sigma = 100 * math.sqrt(p * (1 - p) / n)
-    print(f"{label}: {n:.0f} samples expected, sigma {sigma:.2f} pp")
+    short waits, and the share's sigma is sqrt(p(1-p)/n).
+
+    An unbiased estimate still lands outside 3 sigma in 0.27% of
+    recordings (CI met one: 3.03 sigma; 12 recordings here gave z with a
+    standard deviation of 1.09).  So a first recording outside 3 sigma gets
+    a second, and the two pooled (twice the samples) are held to 3 of
+    their sigma: an unbiased estimator then fails ~0.05% of the time, and a
+    bias of 3 sigma is still caught (pooled, it is 4.2 sigma)."""
+    share, truth, n, why = _short_split(label, tmp_path / "1")
+    sigma = _sigma(truth, n)
+    print(f"{label}: {n:.0f} samples expected, sigma {sigma:.2f} pp, off by {share - truth:+.2f} pp")
     assert 3 * sigma <= 5, sigma            # a test that can fail: the bound is tight enough
-    assert abs(split.share_a - split.truth_a) <= 3 * sigma, (split.explain(), sigma)
+    if abs(share - truth) <= 3 * sigma:
+        return
+    share2, truth2, n2, why2 = _short_split(label, tmp_path / "2")
+    pooled = (share * n + share2 * n2) / (n + n2)
+    pooled_truth = (truth * n + truth2 * n2) / (n + n2)
+    pooled_sigma = _sigma(pooled_truth, n + n2)
+    print(f"{label}, again: off by {share2 - truth2:+.2f} pp; pooled {pooled - pooled_truth:+.2f} pp, "
+          f"sigma {pooled_sigma:.2f}")
+    assert abs(pooled - pooled_truth) <= 3 * pooled_sigma, (why, why2, sigma, pooled_sigma)
 
 
 @pytest.mark.parametrize("label", SHORT_LABELS)
