@@ -137,6 +137,7 @@
  * path every switch on the machine takes).  Elsewhere KERNEL_CAST is 0, the
  * verifier never walks the cast, and the helper reads it. */
 #define KFUNC_RDONLY_CAST 0x50794601
+#ifndef PYOFFCPU_USER_SPACE     /* BPF code: not for the C helper that shares the constants */
 static void *(*kfunc_rdonly_cast)(unsigned long long obj, unsigned int btf_id) = (void *)KFUNC_RDONLY_CAST;
 
 static __always_inline unsigned int task_u32(unsigned long long task, unsigned long long off)
@@ -160,5 +161,6 @@ static __always_inline unsigned long long task_u64(unsigned long long task, unsi
     bpf_probe_read_kernel(&v, sizeof(v), (void *)(task + off));
     return v;
 }
+#endif
 
 #endif

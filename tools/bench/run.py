@@ -410,6 +410,20 @@ def chroot_case(res, case: str, what: str, available, run):
         return None
 
 
+def build_helper(tree: str) -> None:
+    """The compiled helper (pyoffcpu-elf: the only builder of unwind tables
+    and symbol indexes) is a build output, not in a `git archive`: built in
+    the tree as `make helper` builds it, against this venv's capstone."""
+    if os.access(os.path.join(tree, "pytool", "pyoffcpu", "native", "helper", "pyoffcpu-elf"), os.X_OK):
+        return
+    venv = sys.prefix if os.path.exists(os.path.join(sys.prefix, ".installed")) else os.path.join(ROOT, ".venv")
+    try:
+        subprocess.run(["make", "-s", "-C", tree, "helper", f"VENV={venv}"], check=True,
+                       stdout=subprocess.DEVNULL)
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"bench: cannot build the helper in {tree}: {e}")
+
+
 # -- main ----------------------------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -494,6 +508,7 @@ def main():
         tree = os.path.abspath(args.tree)
         if not os.path.isfile(os.path.join(tree, "pytool", "pyoffcpu", "cli.py")):
             sys.exit(f"bench: {tree} is not a pyoffcpu source tree")
+        build_helper(tree)
         env = dict(os.environ, PYTHONPATH=os.path.join(tree, "pytool"))
         po = [sys.executable, "-m", "pyoffcpu"]
     pyspy, pyspy_version = setup_pyspy() if cases & {"1", "2", "3", "5", "6", "10", "13", "15", "16"} else (None, "")

@@ -19,6 +19,7 @@
 
 /* The row kinds and limits: bpf/unwind_defs.h, included (the one source
  * bpfdefs.py reads too; it needs struct stack_key from bpf/pyoffcpu.h). */
+#define PYOFFCPU_USER_SPACE 1      /* its constants and structs, not its BPF code */
 #include "../../../../bpf/pyoffcpu.h"
 #include "../../../../bpf/unwind_defs.h"
 
