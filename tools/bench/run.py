@@ -417,8 +417,10 @@ def build_helper(tree: str) -> None:
     if os.access(os.path.join(tree, "pytool", "pyoffcpu", "native", "helper", "pyoffcpu-elf"), os.X_OK):
         return
     venv = sys.prefix if os.path.exists(os.path.join(sys.prefix, ".installed")) else os.path.join(ROOT, ".venv")
+    # -o: the venv counts as made (its recipe would install the tree into it)
+    installed = os.path.join(venv, ".installed")
     try:
-        subprocess.run(["make", "-s", "-C", tree, "helper", f"VENV={venv}"], check=True,
+        subprocess.run(["make", "-s", "-C", tree, "-o", installed, "helper", f"VENV={venv}"], check=True,
                        stdout=subprocess.DEVNULL)
     except (OSError, subprocess.CalledProcessError) as e:
         sys.exit(f"bench: cannot build the helper in {tree}: {e}")
