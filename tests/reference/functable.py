@@ -25,7 +25,7 @@ def function_table(sources: Sequence[ElfFile]
     decoded names."""
     best: dict[int, tuple] = {}
     for image in sources:
-        ranges = image.section_ranges
+        ranges = [(sec.addr, sec.addr + sec.size) for sec in image.sections]   # by index: unsized symbols' ends
         for s in image.function_symbols():
             if s.size:
                 end = s.value + s.size

@@ -54,7 +54,9 @@ import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from pyoffcpu.kernel import bpfdefs
-from pyoffcpu.native.elffile import MAX_CODE_SECTION_BYTES, section_bytes
+from pyoffcpu.native.elffile import section_bytes
+
+MAX_CODE_SECTION_BYTES = 1 << 30        # code read for prologue analysis
 
 UR_DERIVED = bpfdefs.value("UR_DERIVED")
 UR_RSP, UR_RBP, UR_RBX, UR_INVALID = (bpfdefs.value(n) for n in ("UR_RSP", "UR_RBP", "UR_RBX", "UR_INVALID"))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional
 
 from elftools.common.exceptions import ELFError
 from elftools.elf import enums as _enums
@@ -55,7 +55,6 @@ ADDRESS_TYPES = frozenset({STT_OBJECT, STT_FUNC, STT_TLS, STT_GNU_IFUNC})
 
 
 
-MAX_CODE_SECTION_BYTES = 1 << 30        # code read for prologue analysis
 _PARSE_ERRORS = (OSError, ELFError, ValueError, struct.error, AssertionError,
                  OverflowError, IndexError, KeyError, MemoryError)
 
@@ -346,9 +345,6 @@ class ElfFile:
         self.plain_section_table = (hd.is64 and hd.little and (
             hd.shoff == 0 or (hd.shnum != 0 and hd.shentsize == hd.sh.size
                               and hd.shstrndx != 0xFFFF and hd.names_in_table)))
-        # (start, end) of each section by index, for unsized symbols.
-        self.section_ranges: List[Tuple[int, int]] = [
-            (s.addr, s.addr + s.size) for s in self.sections]
         # {section index: its symbols} of the SYMTAB / DYNSYM sections
         self._symtabs: Optional[Dict[int, List[RawSymbol]]] = None
         self._by_address_name: Optional[Dict[str, int]] = None

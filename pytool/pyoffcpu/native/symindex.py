@@ -440,11 +440,8 @@ def build_for_image(image, data: bytes) -> SymbolIndex:
     if not helper.available() or not helper_reads(image):
         return SymbolIndex()
     try:
-        fd = helper.memory_file("image", data)
-        try:
-            idx = SymbolIndex(helper.run(["symbols"], f"/proc/self/fd/{fd}", wall_limit_s=HELPER_WALL_S))
-        finally:
-            os.close(fd)
+        with helper.memory_file("image", data) as path:
+            idx = SymbolIndex(helper.run(["symbols"], path, wall_limit_s=HELPER_WALL_S))
     except (OSError, ValueError, helper.HelperError):
         return SymbolIndex()
     return idx if idx.valid else SymbolIndex()

@@ -16,6 +16,7 @@ code that computes the same bytes is the tests' reference (tests/reference/).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import mmap
 import os
@@ -139,19 +140,19 @@ def available() -> bool:
     return os.access(BINARY, os.X_OK)
 
 
-def memory_file(name: str, data: bytes) -> int:
+@contextlib.contextmanager
+def memory_file(name: str, data: bytes):
     """An unnamed in-memory file holding data (a memfd: the vDSO's image,
-    which is no file on disk), for a Job on /proc/self/fd/N; its descriptor."""
+    which is no file on disk), open while the block runs: its path for a
+    Job (/proc/self/fd/N).  Raises OSError."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except OSError:
+        yield f"/proc/self/fd/{fd}"
+    finally:
         os.close(fd)
-        raise
-    return fd
 
 
 def open_regular(path: str) -> int:

@@ -338,11 +338,8 @@ class TableCache:
         if t is not None:
             return t
         try:
-            fd = helper.memory_file(name, data)
-            try:
-                t = build_now(f"/proc/self/fd/{fd}")
-            finally:
-                os.close(fd)
+            with helper.memory_file(name, data) as path:
+                t = build_now(path)
         except (OSError, ValueError, helper.HelperError):
             self._mem[key] = None
             return None
