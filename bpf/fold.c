@@ -176,6 +176,33 @@ int fold_exit(struct bpf_raw_tracepoint_args *ctx)
             agg_add(&d, count, fold_ns(fs, i, d.kind, ns));
         }
     }
+    /* Its KIND_SHORT totals, still in its entry (sched_switch leaves them
+     * to this): straight to its group, and to its own tid where user space
+     * closes it.  Through agg under its tid, as every other key, each would
+     * cost six map operations more (made, listed, looked up and deleted),
+     * and a short-lived thread's waits are mostly these. */
+#pragma unroll
+    for (i = 0; i < SHORT_SLOTS; i++) {
+        u64 sn = th->short_n[i], sns = th->short_ns[i];
+        if (!sn)
+            continue;
+        struct stack_key d = {};
+        d.tgid = tgid;
+        d.ustack = USTACK_SHORT;
+        d.kstack = -1;
+        d.kind = th->short_kind[i] | KIND_SHORT;
+        d.gen = gen;
+        if (own) {
+            d.tid = tid;
+            agg_add(&d, sn, sns);
+        }
+        if (fold) {
+            d.tid = GROUP_TID | gid;
+            agg_add(&d, sn, sns);
+        }
+        th->short_n[i] = 0;
+        th->short_ns[i] = 0;
+    }
     if (fold) {
         /* what user space adds at a thread's end (close_thread, scale_on_cpu) */
         struct stack_key d = {};

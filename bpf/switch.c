@@ -159,12 +159,12 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         bpf_get_current_comm(&th->comm, sizeof(th->comm));     /* its last name: its group's */
         if (th->flags & TH_PENDING)
             owed_lost(th, prev);        /* it will not return to user space */
-        short_flush(th, prev);
         th->flags = (th->flags & ~TH_OFF) | TH_EXITED;
         th->last_ts = now;
         switch_memo.delete(&prev);
         if (th->flags & TH_HELD)
-            fold_progs.call(ctx, 0);    /* fold_exit */
+            fold_progs.call(ctx, 0);    /* fold_exit: it adds the short totals */
+        short_flush(th, prev);          /* not held, or the tail call failed */
         return 0;
     }
     u32 kind = off_cpu_kind(ctx->args[0], state) | (current_syscall() << SYS_SHIFT);
