@@ -140,15 +140,31 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     return 0;
 }
 
-/* A registered process's last thread exits: user space retires it now
+/* Every thread's exit, in its own context before its last switch: a target
+ * thread's entry gets the time (TH_EXITING).  In cpu mode nothing else tells
+ * that a thread ended (no switch is seen): without it, ended threads stayed
+ * in the map until it was full.  In wall mode it bounds a thread whose last
+ * switch-out BPF does not see, which was accounted until the end.
+ * A registered process's last thread exits: user space retires it now
  * (its tables go, its PID may be another's next).  Where the tracepoint has
  * no group_dead (older kernels), the group leader's exit stands in and
  * user space's liveness checks catch the rest. */
 RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
+    int zero = 0;
+    struct control_t *ctl = control.lookup(&zero);
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (ctl && is_target(ctl, tgid)) {
+        struct thread_t *th = threads.lookup(&tid);
+        u64 now = bpf_ktime_get_ns();
+        if (th && !(th->flags & TH_EXITED) && recording_at(ctl, now)) {
+            th->exit_ts = now;
+            th->flags |= TH_EXITING;
+        }
+    }
     if (!last_thread_exits(ctx))
         return 0;
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!procs.lookup(&tgid))
         return 0;
     unwind_procs.delete(&tgid);

@@ -294,6 +294,9 @@ struct group_t {
 #define TH_RSEQ       1024          /* checked: it has rseq (rseq_update fires for it) */
 #define TH_NO_RSEQ    2048          /* ... it has none, or went back to user space without
                                        rseq_update: its waits are captured at their switch-outs */
+#define TH_EXITING    4096          /* it began to exit at exit_ts (sched_process_exit, every
+                                       thread's): its end in cpu mode, where no switch is seen,
+                                       and the bound of one whose last switch-out BPF missed */
 #define SHORT_SLOTS   4             /* a thread's KIND_SHORT totals kept in its entry: a power of two */
 #define SHORT_SLOTS_LOG2 2
 struct thread_t {
@@ -323,6 +326,7 @@ struct thread_t {
     unsigned int pend_rounds;       /* switch-outs the owed capture was kept over (still in
                                        the kernel since its wait); MAX_PEND_ROUNDS at most */
     unsigned int pend_pad;
+    unsigned long long exit_ts;     /* TH_EXITING: when */
 };
 #define MAX_PEND_ROUNDS 32
 #define SHORT_FLUSH_NS  100000000   /* 100 ms: a live view lags no more than that per slot */

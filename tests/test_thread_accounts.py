@@ -13,10 +13,10 @@ START, END = 1_000_000_000, 3_000_000_000          # a 2 s window (monotonic ns)
 PID = 50
 
 
-def record(tid, *, flags=0, on_ns=0, ts=0, first_ts=0, last_ts=0, unseen_ns=0, comm=b"worker",
+def record(tid, *, flags=0, on_ns=0, ts=0, first_ts=0, last_ts=0, exit_ts=0, unseen_ns=0, comm=b"worker",
            short_kind=(0, 0, 0, 0), short_n=(0, 0, 0, 0), short_ns=(0, 0, 0, 0), pend_kind=0, pend_kstack=-1, pend_ns=0):
     return SimpleNamespace(tgid=PID, comm=comm, on_ns=on_ns, flags=flags, ts=ts, first_ts=first_ts,
-                           last_ts=last_ts, unseen_ns=unseen_ns, short_kind=short_kind, short_n=short_n,
+                           last_ts=last_ts, exit_ts=exit_ts, unseen_ns=unseen_ns, short_kind=short_kind, short_n=short_n,
                            short_ns=short_ns, pend_kind=pend_kind, pend_kstack=pend_kstack, pend_ns=pend_ns)
 
 
@@ -117,6 +117,39 @@ def test_keep_tids_keeps_every_ended_thread_and_cpu_mode_counts_samples():
     t = close(acc, 31, th)
     assert t is acc.rec.threads[31] and t.exited and t.samples == 7
     assert t.on_ns == 7 * (10**9 // 99)             # samples x period at 99 Hz
+
+
+def test_a_thread_whose_last_switch_out_was_missed_ends_at_its_exit_stamp():
+    """Wall mode: a thread on a CPU since its last switch-in, whose exit BPF
+    stamped (sched_process_exit) but whose last switch-out it did not see,
+    runs until that stamp, not until the end of the recording; it is not
+    folded mid-recording (only that switch-out says all its times are in),
+    and is an ended thread at the end."""
+    acc = accounts()
+    exit_ts = START + 500_000_000
+    th = record(41, flags=TH["BORN"] | TH["ON"] | TH["EXITING"], on_ns=1_000, ts=START + 400_000_000,
+                first_ts=START + 100, exit_ts=exit_ts)
+    assert not acc.ended_before(th, END)
+    acc.thread_times(41, th)
+    acc.close_thread(41, th)
+    t = acc.rec.threads[41]
+    assert t.exited and t.last_ns == 500_000_000 and t.first_ns == 100
+    assert t.on_ns == 1_000 + 100_000_000
+
+
+def test_cpu_mode_ends_a_thread_at_its_exit_stamp_once_its_samples_are_in():
+    """cpu mode sees no switch: the exit stamp is the end, and the thread is
+    closed by the first drain that flipped EXIT_SETTLE_NS after it."""
+    from pyoffcpu.collect.accounting import EXIT_SETTLE_NS
+    acc = accounts(mode="cpu", fold=False)
+    exit_ts = START + 700_000_000
+    th = record(42, flags=TH["BORN"] | TH["EXITING"], exit_ts=exit_ts)
+    assert not acc.ended_before(th, exit_ts + EXIT_SETTLE_NS)
+    assert acc.ended_before(th, exit_ts + EXIT_SETTLE_NS + 1)
+    assert not acc.ended_before(record(43, flags=TH["BORN"]), END)
+    acc.add(on_key(42, 1), 2, 2)
+    t = close(acc, 42, th)
+    assert t.exited and t.last_ns == 700_000_000 and t.samples == 2
 
 
 def test_sampled_waits_left_in_a_threads_entry_are_added_at_its_close():

@@ -11,9 +11,15 @@ many threads a server starts.
 
 ThreadAccounts works on plain values: a thread record is anything with the
 fields of bpf/pyoffcpu.h's struct thread_t (tgid, comm, on_ns, flags, ts,
-first_ts, last_ts, unseen_ns; with --off-cpu sampled the arrays short_kind,
-short_n, short_ns (one slot per kind) and pend_kind, pend_kstack, pend_ns), so it runs on recorded batches without BPF
-(tests/test_thread_accounts.py)."""
+first_ts, last_ts, exit_ts, unseen_ns; with --off-cpu sampled the arrays
+short_kind, short_n, short_ns (one slot per kind) and pend_kind, pend_kstack,
+pend_ns), so it runs on recorded batches without BPF
+(tests/test_thread_accounts.py).
+
+A thread's end: its last switch-out (TASK_DEAD, TH_EXITED) where BPF sees
+switches; else the stamp its exit left (sched_process_exit, TH_EXITING):
+in cpu mode, where no switch is seen, and for a thread whose last
+switch-out BPF missed."""
 from __future__ import annotations
 
 import os
@@ -29,6 +35,9 @@ KIND_SHORT = bpfdefs.value("KIND_SHORT")
 
 TH = bpfdefs.TH
 _NO_GIL = ~(3 << bpfdefs.GIL_SHIFT)     # a key's kind & this == KIND_ONCPU: on-CPU (bpfdefs.on_cpu)
+# cpu mode: a thread that began to exit this long before a drain's flip has
+# had its last sample (its last microseconds in the kernel) by then
+EXIT_SETTLE_NS = 100_000_000
 
 
 class ThreadAccounts:
@@ -99,6 +108,17 @@ class ThreadAccounts:
         t.exited = bool(th.flags & TH["EXITED"])
         return t
 
+    def ended_before(self, th, flip_ns: int) -> bool:
+        """Has the thread ended, all its times drained by a drain whose
+        generation flipped at flip_ns?  In wall and off mode only its last
+        switch-out says so (its exit stamp comes before its last
+        microseconds on a CPU, and an entry deleted before that switch-out
+        would be made again by it); in cpu mode its exit stamp."""
+        if th.flags & TH["EXITED"]:
+            return th.last_ts < flip_ns
+        return (self.opts.mode == "cpu" and bool(th.flags & TH["EXITING"])
+                and th.exit_ts + EXIT_SETTLE_NS < flip_ns)
+
     def close_thread(self, tid: int, th):
         """A thread's last facts: its lifetime in the window, the on-CPU span
         still open at the end, and the time before its first switch when it
@@ -107,10 +127,17 @@ class ThreadAccounts:
         start, end = self.start_ns, self.end_ns
         flags = th.flags
         born = flags & TH["BORN"]
-        t.last_ns = (th.last_ts if flags & TH["EXITED"] else end) - start
+        last = end
+        if flags & TH["EXITED"]:
+            last = th.last_ts
+        elif flags & TH["EXITING"]:
+            # its exit's stamp: no switch-out was seen (cpu mode, or missed)
+            last = max(th.exit_ts, th.ts)   # stamped inside the window (end_ns: 0 until the end)
+            t.exited = True
+        t.last_ns = last - start
         t.first_ns = (th.first_ts - start if th.first_ts else t.last_ns) if born else 0
         if flags & TH["ON"] and not flags & TH["EXITED"]:
-            t.on_ns = th.on_ns + (end - th.ts)
+            t.on_ns = th.on_ns + (last - th.ts)
         if th.unseen_ns:
             # off-CPU after a switch-out BPF missed: the time is known, its stack not
             self.add_own((t.pid, tid, NO_STACK, -1, 0, bpfdefs.KIND_OTHER), 1, th.unseen_ns)

@@ -320,7 +320,8 @@ class Session(SessionSetup):
         the map, which keeps memory bounded by live threads."""
         table = self.bpf["threads"]
         done = []
-        held, exited, born = TH["HELD"], TH["EXITED"], TH["BORN"]
+        held, born = TH["HELD"], TH["BORN"]
+        ended_before = self.accounts.ended_before
         for k, th in items(table):
             tid = k.value
             if th.flags & born and not self._fold_started:
@@ -332,7 +333,7 @@ class Session(SessionSetup):
             self.accounts.thread_times(tid, th)
             if th.flags & TH["KFOLDED"]:
                 self.accounts.kernel_folded.add(tid)
-            if fold_before is not None and th.flags & exited and th.last_ts < fold_before:
+            if fold_before is not None and ended_before(th, fold_before):
                 self.accounts.close_thread(tid, th)
                 self.accounts.settle(tid)
                 done.append(k)
