@@ -152,6 +152,30 @@ def test_cpu_mode_ends_a_thread_at_its_exit_stamp_once_its_samples_are_in():
     assert t.exited and t.last_ns == 700_000_000 and t.samples == 2
 
 
+def test_cpu_mode_folds_an_unsampled_ended_thread_as_the_whole_close_does():
+    """fold_unsampled (the drains' shortcut for ended threads no sample
+    landed in) gives the group what thread_times, close_thread, settle and
+    fold give it; a thread with a sample, or one a drain saw alive, is not
+    taken."""
+    threads = [record(50 + i, flags=TH["BORN"] | TH["EXITING"], exit_ts=START + (i + 1) * 1_000_000,
+                      comm=b"churn") for i in range(3)]
+    full, short = accounts(mode="cpu"), accounts(mode="cpu")
+    for th in threads:
+        tid = threads.index(th) + 50
+        close(full, tid, th)
+        assert short.fold_unsampled(tid, th)
+    assert short.rec.threads == full.rec.threads and len(full.rec.threads) == 1
+    g = next(iter(full.rec.threads.values()))
+    assert (g.threads, g.first_ns, g.last_ns, g.first_tid) == (3, 1_000_000, 3_000_000, 50)
+    sampled = record(60, flags=TH["BORN"] | TH["EXITING"], exit_ts=START + 5)
+    short.add(on_key(60, 1), 1, 1)
+    assert not short.fold_unsampled(60, sampled)
+    seen = record(61, flags=TH["BORN"] | TH["EXITING"], exit_ts=START + 5)
+    short.thread_times(61, seen)
+    assert not short.fold_unsampled(61, seen)
+    assert not accounts().fold_unsampled(62, record(62, flags=TH["BORN"] | TH["EXITING"], exit_ts=START + 5))
+
+
 def test_sampled_waits_left_in_a_threads_entry_are_added_at_its_close():
     """--off-cpu sampled: the short waits BPF keeps in the thread's entry
     until it flushes them, and a stack owed but not taken before the end,

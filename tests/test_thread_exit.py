@@ -42,3 +42,27 @@ def test_cpu_mode_ends_each_thread_at_its_exit(label, bpf):
         assert t.samples > 0
         assert 0 <= t.last_ns / 1e9 - end_s < TOLERANCE_S, (tid, t.last_ns / 1e9, end_s)
     assert "thread map full" not in rec.drops
+
+
+def test_cpu_mode_folds_every_ended_thread_into_its_group(bpf):
+    """The default (threads folded): each ended thread joins a group, the
+    ones no sample landed in (most of these, at 99 Hz) by the drains'
+    shortcut (fold_unsampled), and the groups hold as many threads as
+    ended inside the recording (one either way at each edge)."""
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.collect.recording import Options
+    from pyoffcpu.collect.session import Session
+    w = Workload(python_or_skip("pyenv-3.12"), "thread_churn.py", 0.004, 0.0005, RUN_S)
+    try:
+        rec = Session(Options(pids=[w.pid], duration=DURATION_S, mode="cpu"), plat.probe()).run()
+        out, _ = w.proc.communicate(timeout=RUN_S + 30)
+    finally:
+        w.stop()
+    ends = json.loads(next(line for line in out.splitlines() if line.startswith("ends ")).split(" ", 1)[1])
+    inside = sum(1 for _, at in ends if 0 < at - rec.start_time < rec.duration_s)
+    groups = [t for tid, t in rec.threads.items() if tid < 0]
+    # kept alone: only a thread still alive at the end (one churn thread at most)
+    alone = [tid for tid, t in rec.threads.items() if tid > 0 and tid != w.pid and t.exited]
+    assert inside > 300
+    assert abs(sum(g.threads for g in groups) - inside) <= 2, (sum(g.threads for g in groups), inside)
+    assert not alone

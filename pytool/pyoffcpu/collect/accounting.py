@@ -108,6 +108,42 @@ class ThreadAccounts:
         t.exited = bool(th.flags & TH["EXITED"])
         return t
 
+    def _end_of(self, th) -> Tuple[int, bool]:
+        """(the thread's end or the recording's, has it ended): its last
+        switch-out; else its exit's stamp, where no switch-out was seen (cpu
+        mode, or missed), stamped inside the window (end_ns is 0 until the end)."""
+        if th.flags & TH["EXITED"]:
+            return th.last_ts, True
+        if th.flags & TH["EXITING"]:
+            return max(th.exit_ts, th.ts), True
+        return self.end_ns, False
+
+    def _span(self, th, last: int) -> Tuple[int, int]:
+        """(first_ns, last_ns) from the start: one there at the start from 0."""
+        last_ns = last - self.start_ns
+        if not th.flags & TH["BORN"]:
+            return 0, last_ns
+        return (th.first_ts - self.start_ns if th.first_ts else last_ns), last_ns
+
+    def fold_unsampled(self, tid: int, th) -> bool:
+        """cpu mode: an ended thread no sample landed in and no drain saw
+        alive joins its group with its span alone, which is all that
+        close_thread, settle and fold come to for it, without a record of its
+        own first (a thread-per-request server starts a few thousand a
+        second, and most get no sample).  False: not such a thread."""
+        if (self.opts.mode != "cpu" or not self.opts.fold_threads or tid in self.rec.threads
+                or self.tid_keys.get(tid) or self.tid_wakes.get(tid)):
+            return False
+        last, ended = self._end_of(th)
+        if not ended:
+            return False
+        name = bytes(th.comm).split(b"\0", 1)[0].decode("utf-8", "replace")
+        first_ns, last_ns = self._span(th, last)
+        gid = self.group_id(th.tgid, "", name)
+        g = self.group_times(self.rec.threads, gid, th.tgid, name, "", first_ns, last_ns)
+        self.join_group(g, tid, 1, 0, 0, first_ns, last_ns)
+        return True
+
     def ended_before(self, th, flip_ns: int) -> bool:
         """Has the thread ended, all its times drained by a drain whose
         generation flipped at flip_ns?  In wall and off mode only its last
@@ -127,15 +163,9 @@ class ThreadAccounts:
         start, end = self.start_ns, self.end_ns
         flags = th.flags
         born = flags & TH["BORN"]
-        last = end
-        if flags & TH["EXITED"]:
-            last = th.last_ts
-        elif flags & TH["EXITING"]:
-            # its exit's stamp: no switch-out was seen (cpu mode, or missed)
-            last = max(th.exit_ts, th.ts)   # stamped inside the window (end_ns: 0 until the end)
-            t.exited = True
-        t.last_ns = last - start
-        t.first_ns = (th.first_ts - start if th.first_ts else t.last_ns) if born else 0
+        last, ended = self._end_of(th)
+        t.exited = t.exited or ended
+        t.first_ns, t.last_ns = self._span(th, last)
         if flags & TH["ON"] and not flags & TH["EXITED"]:
             t.on_ns = th.on_ns + (last - th.ts)
         if th.unseen_ns:

@@ -330,6 +330,10 @@ class Session(SessionSetup):
                 # its keys are the kernel's until it ends: it folds there, or
                 # comes back without TH_HELD (or, not folded at all, at the end)
                 continue
+            if fold_before is not None and ended_before(th, fold_before) and \
+                    self.accounts.fold_unsampled(tid, th):
+                done.append(k)
+                continue
             self.accounts.thread_times(tid, th)
             if th.flags & TH["KFOLDED"]:
                 self.accounts.kernel_folded.add(tid)
@@ -351,7 +355,7 @@ class Session(SessionSetup):
                 self.accounts.kernel_folded.add(tid)
             self.accounts.close_thread(tid, th)
             t = self.rec.threads[tid]
-            if t.last_ns <= t.first_ns and not self.accounts.tid_keys.get(tid):
+            if t.last_ns <= t.first_ns and not t.exited and not self.accounts.tid_keys.get(tid):
                 del self.rec.threads[tid]     # born at the very end: never ran
                 continue
             self.accounts.settle(tid)
