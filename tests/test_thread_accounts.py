@@ -135,6 +135,13 @@ def test_a_thread_whose_last_switch_out_was_missed_ends_at_its_exit_stamp():
     t = acc.rec.threads[41]
     assert t.exited and t.last_ns == 500_000_000 and t.first_ns == 100
     assert t.on_ns == 1_000 + 100_000_000
+    # one that blocked on its way out after the stamp (switched out since) is still there
+    th = record(44, flags=TH["BORN"] | TH["OFF"] | TH["EXITING"], on_ns=1_000, ts=exit_ts + 10,
+                first_ts=START + 100, exit_ts=exit_ts)
+    acc.thread_times(44, th)
+    acc.close_thread(44, th)
+    t = acc.rec.threads[44]
+    assert not t.exited and t.last_ns == END - START and t.on_ns == 1_000
 
 
 def test_cpu_mode_ends_a_thread_at_its_exit_stamp_once_its_samples_are_in():

@@ -112,10 +112,12 @@ class ThreadAccounts:
         """(the thread's end or the recording's, has it ended): its last
         switch-out; else its exit's stamp, where no switch-out was seen (cpu
         mode, or missed), stamped inside the window (end_ns is 0 until the end)."""
-        if th.flags & TH["EXITED"]:
+        flags = th.flags
+        if flags & TH["EXITED"]:
             return th.last_ts, True
-        if th.flags & TH["EXITING"]:
+        if flags & TH["EXITING"] and not (flags & TH["OFF"] and th.ts >= th.exit_ts):
             return max(th.exit_ts, th.ts), True
+        # (one switched out after its stamp is blocked on its way out: there still)
         return self.end_ns, False
 
     def _span(self, th, last: int) -> Tuple[int, int]:

@@ -239,7 +239,7 @@ class BlockedThreads:
         length with the stacks read_open_waits read before the end mark; a
         thread whose wait began after that read has none."""
         s = self.s
-        off, captured = bpfdefs.TH["OFF"], bpfdefs.TH["CAPTURED"]
+        off, captured, exiting = bpfdefs.TH["OFF"], bpfdefs.TH["CAPTURED"], bpfdefs.TH["EXITING"]
         lost = [0, 0]
         for k, th in items(s.bpf["threads"]):
             if not th.flags & off or th.flags & captured:
@@ -247,7 +247,12 @@ class BlockedThreads:
             if not s.opts.every_process and th.tgid not in s.targets:
                 continue
             tid = k.value
-            ns = self._open_at_end(start_ns, end_ns, th.ts)
+            # one stamped exiting after its wait began ran again (a switch-in
+            # BPF missed): its wait ended by then
+            until = end_ns
+            if th.flags & exiting and th.ts < th.exit_ts < end_ns:
+                until = th.exit_ts
+            ns = self._open_at_end(start_ns, until, th.ts)
             if not ns:
                 continue
             got = reads.get(tid)
