@@ -169,5 +169,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
         return 0;
     unwind_procs.delete(&tgid);
     log_life(LIFE_EXIT, tgid, 0);
+    if (!SYSTEM_WIDE)               /* user space's loop reads the log now */
+        loop_wakes.perf_submit(ctx, &tgid, sizeof(tgid));
     return 0;
 }
