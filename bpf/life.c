@@ -131,7 +131,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
         struct thread_t *th = threads.lookup(&tid);
         if (th)                     /* the new program's name */
             bpf_get_current_comm(&th->comm, sizeof(th->comm));
-        if (!SYSTEM_WIDE)
+        /* user space reads the new image at once (-a: one it registered;
+         * the others are met at their first sample) */
+        if (!SYSTEM_WIDE || pi)
             loop_wakes.perf_submit(ctx, &tgid, sizeof(tgid));
     } else if (!ctl->discover) {
         return 0;
