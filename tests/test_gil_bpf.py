@@ -30,7 +30,7 @@ def record(tmp_path, label, *args):
     try:
         tids = {ln.split()[1]: int(ln.split()[2]) for ln in w.lines if ln.startswith("tid ")}
         stolen = steal_s()
-        res = run_pyoffcpu("-p", str(w.pid), "-d", str(SECONDS), "-F", "499", "-o", str(out))
+        res = run_pyoffcpu("-p", str(w.pid), "-d", str(SECONDS), "-F", "499", "--off-cpu", "exact", "-o", str(out))
         stolen = steal_s() - stolen
     finally:
         w.stop()
