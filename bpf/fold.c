@@ -186,16 +186,11 @@ int fold_exit(struct bpf_raw_tracepoint_args *ctx)
         u64 sn = th->short_n[i], sns = th->short_ns[i];
         if (!sn)
             continue;
-        struct stack_key d = {};
-        d.tgid = tgid;
-        d.ustack = USTACK_SHORT;
-        d.kstack = -1;
-        d.kind = th->short_kind[i] | KIND_SHORT;
+        struct stack_key d;
+        short_key(th, tid, i, &d);
         d.gen = gen;
-        if (own) {
-            d.tid = tid;
+        if (own)
             agg_add(&d, sn, sns);
-        }
         if (fold) {
             d.tid = GROUP_TID | gid;
             agg_add(&d, sn, sns);

@@ -103,18 +103,27 @@ static __always_inline void exact_close(void *ctx, struct control_t *ctl, struct
         timeline_send(ctx, &key, st->ts, now, th->comm);
 }
 
+/* The agg key of slot i of the thread's KIND_SHORT totals (here and in
+ * fold_exit, which adds them to the thread's group). */
+static __always_inline void short_key(struct thread_t *th, u32 tid, u32 i,
+                                      struct stack_key *key)
+{
+    __builtin_memset(key, 0, sizeof(*key));
+    key->tgid = th->tgid;
+    key->tid = tid;
+    key->ustack = USTACK_SHORT;
+    key->kstack = -1;
+    key->kind = th->short_kind[i & (SHORT_SLOTS - 1)] | KIND_SHORT;
+}
+
 /* Slot i of the thread's KIND_SHORT totals kept in its entry goes to agg. */
 static __always_inline void short_flush_slot(struct thread_t *th, u32 tid, u32 i)
 {
     i &= SHORT_SLOTS - 1;
     if (!th->short_n[i])
         return;
-    struct stack_key key = {};
-    key.tgid = th->tgid;
-    key.tid = tid;
-    key.ustack = USTACK_SHORT;
-    key.kstack = -1;
-    key.kind = th->short_kind[i] | KIND_SHORT;
+    struct stack_key key;
+    short_key(th, tid, i, &key);
     add_time_n(&key, th->short_n[i], th->short_ns[i]);
     th->short_n[i] = 0;
     th->short_ns[i] = 0;
