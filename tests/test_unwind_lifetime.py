@@ -173,7 +173,7 @@ def test_tables_of_an_exited_process_are_freed_and_the_others_kept(bpf, monkeypa
         s = Session(Options(pids=[a.pid, b.pid], mode="wall", duration=8), plat.probe())
         seen = []
         for batch in s.batches():
-            if a.poll() is None and not s.unwinder.waiting():
+            if a.poll() is None and not s.unwinder.tables_waiting:
                 seen.append(("both", s.unwinder.loaded(), s.unwinder.rows_loaded))
                 a.kill()
                 a.wait()

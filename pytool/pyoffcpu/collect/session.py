@@ -407,7 +407,7 @@ class Session(SessionSetup):
         if u is not None and u.builds is not None:
             # the tables made in the background: how many still wait, and each
             # build's seconds (the bench's per-library figures)
-            line["tables"] = {"waiting": len(u.waiting()), "built": dict(u.builds.times),
+            line["tables"] = {"waiting": u.tables_waiting, "built": dict(u.builds.times),
                               "load_s": round(u.load_s, 3)}
         try:
             with open(self._stats_path, "a") as f:
@@ -523,7 +523,7 @@ class Session(SessionSetup):
         deadline."""
         u = self.unwinder
         busy = (self.launcher is not None or self.opts.timeline or self._fold_loader is not None
-                or self._unwinder_loader is not None or (u is not None and u.waiting()))
+                or self._unwinder_loader is not None or (u is not None and u.tables_waiting > 0))
         wait_s = (POLL_MS if busy else IDLE_POLL_MS) / 1000
         wait_s = min(wait_s, last_drain + 1.0 - now, (deadline - now) if deadline else wait_s)
         return max(0, int(wait_s * 1000) + 1)

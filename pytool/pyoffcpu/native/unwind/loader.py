@@ -587,11 +587,10 @@ class NativeUnwinder(WalkedStacks):
                 pass
         return out
 
-    def waiting(self) -> List[str]:
-        """The files whose tables are still being made."""
-        if self.builds is None:
-            return []
-        return sorted(self._names.get(k, "?") for k in self._wait_id)
+    @property
+    def tables_waiting(self) -> int:
+        """How many files' tables are still being made (read at every turn)."""
+        return len(self._wait_id) if self.builds is not None else 0
 
     @property
     def rows_loaded(self) -> int:
