@@ -40,6 +40,14 @@ _NO_GIL = ~(3 << bpfdefs.GIL_SHIFT)     # a key's kind & this == KIND_ONCPU: on-
 EXIT_SETTLE_NS = 100_000_000
 
 
+def ended_by_stamp(th) -> bool:
+    """Does the thread's exit stamp (sched_process_exit) end it: stamped,
+    and not switched out since (a thread switched out after its stamp is
+    blocked on its way out, so still there; one whose wait began before
+    its stamp ran again by then, at a switch-in BPF missed)."""
+    return bool(th.flags & TH["EXITING"]) and not (th.flags & TH["OFF"] and th.ts >= th.exit_ts)
+
+
 class ThreadAccounts:
     """The per-thread bookkeeping of one recording (see the module's doc)."""
 
@@ -112,12 +120,10 @@ class ThreadAccounts:
         """(the thread's end or the recording's, has it ended): its last
         switch-out; else its exit's stamp, where no switch-out was seen (cpu
         mode, or missed), stamped inside the window (end_ns is 0 until the end)."""
-        flags = th.flags
-        if flags & TH["EXITED"]:
+        if th.flags & TH["EXITED"]:
             return th.last_ts, True
-        if flags & TH["EXITING"] and not (flags & TH["OFF"] and th.ts >= th.exit_ts):
+        if ended_by_stamp(th):
             return max(th.exit_ts, th.ts), True
-        # (one switched out after its stamp is blocked on its way out: there still)
         return self.end_ns, False
 
     def _span(self, th, last: int) -> Tuple[int, int]:

@@ -17,6 +17,7 @@ from typing import Dict
 from ..kernel import bpfdefs
 from ..kernel.bpfsys import update_elem
 from ..kernel.bpfdefs import PYS_TRUNCATED
+from .accounting import ended_by_stamp
 from .maps import items
 from .recording import NATIVE_ID_BASE, NO_STACK, PyStack, code_infos
 from ..cpython import walker
@@ -239,7 +240,7 @@ class BlockedThreads:
         length with the stacks read_open_waits read before the end mark; a
         thread whose wait began after that read has none."""
         s = self.s
-        off, captured, exiting = bpfdefs.TH["OFF"], bpfdefs.TH["CAPTURED"], bpfdefs.TH["EXITING"]
+        off, captured = bpfdefs.TH["OFF"], bpfdefs.TH["CAPTURED"]
         lost = [0, 0]
         for k, th in items(s.bpf["threads"]):
             if not th.flags & off or th.flags & captured:
@@ -247,11 +248,9 @@ class BlockedThreads:
             if not s.opts.every_process and th.tgid not in s.targets:
                 continue
             tid = k.value
-            # one stamped exiting after its wait began ran again (a switch-in
-            # BPF missed): its wait ended by then
             until = end_ns
-            if th.flags & exiting and th.ts < th.exit_ts < end_ns:
-                until = th.exit_ts
+            if ended_by_stamp(th) and th.exit_ts < end_ns:
+                until = th.exit_ts      # its wait ended by then
             ns = self._open_at_end(start_ns, until, th.ts)
             if not ns:
                 continue
