@@ -127,10 +127,15 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         if (open_st) {
             struct stack_key okey;
             open_key(prev, open_st, &okey);
+            u64 began = open_st->ts;
             offcpu_start.delete(&prev);
             if (kept) {
                 add_time(&okey, span - on);
                 th->off_ns += span - on;
+                /* it ended when the thread ran again, `on` before now (the
+                 * flame graph has it: so has the timeline) */
+                if (TIMELINE && now - on >= began + ctl->timeline_min_ns)
+                    timeline_send(ctx, &okey, began, now - on, th->comm);
                 if (ctl->offcpu == OFFCPU_SHADOW) {     /* the sampled view's too */
                     okey.kind |= KIND_SHADOW;
                     add_time(&okey, span - on);
