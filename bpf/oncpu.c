@@ -56,7 +56,11 @@ static __always_inline void capture(void *ctx, struct stack_key *key, u32 tgid, 
     u8 one = 1;
     if (pystack_seen.insert(&h, &one) != 0)
         count_drop(DROP_PYSTACK_FULL);
-    pystack_events.perf_submit(ctx, st, sizeof(*st));
+    /* not sent (a full ring says so with a lost record; a nested program's
+     * send fails with no trace): sent again at its next use, not lost for
+     * the rest of the recording */
+    if (pystack_events.perf_submit(ctx, st, sizeof(*st)) != 0)
+        pystack_seen.delete(&h);
 }
 
 static __always_inline int is_target(struct control_t *ctl, u32 tgid)
