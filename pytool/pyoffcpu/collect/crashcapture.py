@@ -31,6 +31,7 @@ from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
 from ..kernel.memory import WordReads
 from .maps import bpf_source, fdinfo
+from ..cpython.code import code_fields
 
 V = bpfdefs.value
 CR_MAIN, CR_STACK, CR_PYSTACK, CR_MEM, CR_END = (V(n) for n in ("CR_MAIN", "CR_STACK", "CR_PYSTACK",
@@ -160,11 +161,9 @@ def code_layout(pp) -> Dict[str, int]:
     reads a code object and its str and bytes objects (cpython/code.py),
     code_span covering every field of the code object it reads."""
     o = pp.offsets
-    name = o["code_qualname"] if o["code_qualname"] >= 0 else o["code_name"]
-    fields = [(o["object_type"], 8), (name, 8), (o["code_filename"], 8), (o["code_firstlineno"], 4),
-              (o["code_linetable"], 8)]
-    if o["code_firsttraceable"] >= 0:
-        fields.append((o["code_firsttraceable"], 4))
+    read = code_fields(o)
+    name = read[1][1]
+    fields = [(off, struct.calcsize(fmt)) for _, off, fmt in read]
     span = max(off + size for off, size in fields)
     for off, _ in fields[1:]:
         if off < 0 or off + 8 > CR_CODE_MAX:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..kernel import bpfdefs
 from ..kernel.memory import MemoryError_, ProcessMemory
@@ -26,6 +26,7 @@ from . import linetable
 
 MAX_STR = 1024
 MAX_TABLE = 1 << 20
+PEEK_DATA = 120             # a str's or bytes' data read with its header (most names and tables fit)
 
 
 @dataclass
@@ -112,6 +113,17 @@ def _mix(h: int, w: int) -> int:
     return ((h ^ w) * bpfdefs.CODE_STAMP_PRIME) & _MASK64
 
 
+def code_fields(o: Dict[str, int]) -> List[Tuple[str, int, str]]:
+    """The fields of a code object CodeReader reads, (what, offset, struct
+    format), its type first."""
+    name = o["code_qualname"] if o["code_qualname"] >= 0 else o["code_name"]
+    fields = [("type", o["object_type"], "<Q"), ("name", name, "<Q"), ("file", o["code_filename"], "<Q"),
+              ("first", o["code_firstlineno"], "<i"), ("table", o["code_linetable"], "<Q")]
+    if o["code_firsttraceable"] >= 0:
+        fields.append(("ft", o["code_firsttraceable"], "<i"))
+    return fields
+
+
 class CodeReader:
     """Reads PyCodeObjects and str/bytes of one process: of a running one,
     a code object read without BPF's stamp is stamped as it is read; of a
@@ -185,34 +197,58 @@ class CodeReader:
         return FREED if stamp and now else None
 
     def _read_code(self, addr: int) -> Optional[CodeInfo]:
-        o, m = self.o, self.mem
-        if self.code_type and m.u64(addr + o["object_type"]) != self.code_type:
+        fields = code_fields(self.o)
+        # the fields in one read: they lie within the object's first few
+        # hundred bytes, all of it the object's (and all a crash captured)
+        lo = min(off for _, off, _ in fields)
+        span = self.mem.read(addr + lo, max(off + struct.calcsize(fmt) for _, off, fmt in fields) - lo)
+        f = {k: struct.unpack_from(fmt, span, off - lo)[0] for k, off, fmt in fields}
+        if self.code_type and f["type"] != self.code_type:
             return None         # not a code object (3.13 shims, a torn read)
-        name_field = o["code_qualname"] if o["code_qualname"] >= 0 else o["code_name"]
-        name = self.read_str(m.u64(addr + name_field))
-        filename = self.read_str(m.u64(addr + o["code_filename"]))
-        first = m.i32(addr + o["code_firstlineno"])
-        table = self.read_bytes(m.u64(addr + o["code_linetable"]))
-        ft = m.i32(addr + o["code_firsttraceable"]) if o["code_firsttraceable"] >= 0 else 0
-        return CodeInfo(name, filename, first, table, ft)
+        return CodeInfo(self.read_str(f["name"]), self.read_str(f["file"]), f["first"],
+                        self.read_bytes(f["table"]), f.get("ft", 0))
+
+    def _peek(self, addr: int, size: int) -> bytes:
+        """Up to size bytes at addr, fewer where the memory ends first (b"":
+        none): an object's header and its data in one read where it fits."""
+        upto = getattr(self.mem, "read_upto", None)
+        if upto is not None:
+            return upto(addr, size)
+        try:
+            return self.mem.read(addr, size)
+        except MemoryError_:
+            return b""
 
     def read_bytes(self, addr: int) -> bytes:
-        size = self.mem.i64(addr + self.o["bytes_size"])
+        o = self.o
+        head = self._peek(addr, o["bytes_data"] + PEEK_DATA)
+        if len(head) >= o["bytes_size"] + 8:
+            size = struct.unpack_from("<q", head, o["bytes_size"])[0]
+        else:
+            size = self.mem.i64(addr + o["bytes_size"])
         if size < 0 or size > MAX_TABLE:
             raise ValueError("implausible bytes size")
-        return self.mem.read(addr + self.o["bytes_data"], size) if size else b""
+        if len(head) >= o["bytes_data"] + size:
+            return bytes(head[o["bytes_data"]:o["bytes_data"] + size])
+        return self.mem.read(addr + o["bytes_data"], size) if size else b""
 
     def read_str(self, addr: int) -> str:
         """A str object, per reference §2.5 (compact ASCII / compact / legacy)."""
         o, m = self.o, self.mem
-        length = m.i64(addr + o["unicode_length"])
+        head = self._peek(addr, o["ascii_data"] + PEEK_DATA)
+        if len(head) >= max(o["unicode_length"] + 8, o["unicode_state"] + 4):
+            length = struct.unpack_from("<q", head, o["unicode_length"])[0]
+            state = struct.unpack_from("<I", head, o["unicode_state"])[0]
+        else:
+            length, state = m.i64(addr + o["unicode_length"]), m.u32(addr + o["unicode_state"])
         if length < 0 or length > MAX_STR:
             length = min(max(length, 0), MAX_STR)
-        state = m.u32(addr + o["unicode_state"])
         kind = (state >> 2) & 7
         compact = (state >> 5) & 1
         ascii_ = (state >> 6) & 1
         if compact and ascii_:
+            if len(head) >= o["ascii_data"] + length:
+                return head[o["ascii_data"]:o["ascii_data"] + length].decode("ascii", "replace")
             return m.read(addr + o["ascii_data"], length).decode("ascii", "replace")
         if kind not in (1, 2, 4):
             raise ValueError("bad str kind")

@@ -61,6 +61,17 @@ class ProcessMemory(WordReads):
             raise MemoryError_(f"short read at {addr:#x}")
         return data
 
+    def read_upto(self, addr: int, size: int) -> bytes:
+        """Up to size bytes at addr: fewer where the mapping ends first, b""
+        where nothing is readable (one read where a header and what follows
+        it would take several; the caller checks the length it needs)."""
+        if not readable_range(addr, size):
+            return b""
+        try:
+            return os.pread(self._fd, size, addr)
+        except (OSError, OverflowError, MemoryError):
+            return b""
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
