@@ -33,6 +33,8 @@ class LifeLog:
         count, log, n, esize = self._maps
         total = struct.unpack_from("<Q", count, 0)[0]
         i = self.seen
+        if total == i:
+            return [], None             # nothing new: the loop's usual turn
         if total - i > n // 2:
             self.seen = total
             return [], total
