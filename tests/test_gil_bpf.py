@@ -58,8 +58,9 @@ def test_two_spinners_hold_the_gil_in_turn(tmp_path, bpf, label):
     A spinner is on a CPU without the GIL in take_gil and drop_gil only, a
     few us of each hand-off (~200 a second), yet the samples put 0.2-2.7%
     of its on-CPU time there on this machine and 5-11% on a CI machine of
-    the same size (in a whole run only: alone it kept to 3%).  The bound
-    on that time is loose (15%: a reader that took the holder for another
+    the same size (in a whole run only: alone it kept to 3%), 16.5% in a CI
+    run whose hypervisor stole 1.2 of the recording's ~4 CPU s.  The bound
+    on that time is loose (25%: a reader that took the holder for another
     thread would put half of it there); the exact claim is that no sample
     of either spinner has a Python leaf without the GIL."""
     tids, threads, meta, stderr, not_held = record(tmp_path, label, "spinners")
@@ -79,7 +80,7 @@ def test_two_spinners_hold_the_gil_in_turn(tmp_path, bpf, label):
               f"with a Python leaf {not_held.get(tids[name], 0) / 1e6:.1f} ms; "
               f"the hypervisor stole {meta['steal_s']:.2f} CPU s")
         assert not_held.get(tids[name], 0) <= 0.01 * t["on_cpu_ns"], (name, not_held, g)
-        assert g["on_cpu_without_ns"] <= 0.15 * t["on_cpu_ns"], (name, g, t["on_cpu_ns"])
+        assert g["on_cpu_without_ns"] <= 0.25 * t["on_cpu_ns"], (name, g, t["on_cpu_ns"])
         assert g["on_cpu_unknown_ns"] == 0, (name, g)
     dur = meta["duration_ns"]
     # The GIL is free only in a hand-off: then the thread it goes to is
