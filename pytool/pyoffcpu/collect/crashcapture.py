@@ -162,7 +162,7 @@ def code_layout(pp) -> Dict[str, int]:
     code_span covering every field of the code object it reads."""
     o = pp.offsets
     read = code_fields(o)
-    name = read[1][1]
+    name = next(off for what, off, _ in read if what == "name")
     fields = [(off, struct.calcsize(fmt)) for _, off, fmt in read]
     span = max(off + size for off, size in fields)
     for off, _ in fields[1:]:

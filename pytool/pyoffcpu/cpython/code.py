@@ -139,6 +139,10 @@ class CodeReader:
         self.live = not getattr(mem, "snapshot", False)
         self.stamps = StampLayout.of(offsets)
         self.cache: Dict[Tuple[int, int], Optional[CodeInfo]] = {}   # (address, stamp)
+        # the code object's fields, read in one span from its lowest (_read_code)
+        self.fields = code_fields(offsets)
+        self.fields_lo = min(off for _, off, _ in self.fields)
+        self.fields_len = max(off + struct.calcsize(fmt) for _, off, fmt in self.fields) - self.fields_lo
 
     def stamp(self, addr: int) -> int:
         """The stamp of the code object at addr now (0: unreadable; always 0
@@ -197,12 +201,11 @@ class CodeReader:
         return FREED if stamp and now else None
 
     def _read_code(self, addr: int) -> Optional[CodeInfo]:
-        fields = code_fields(self.o)
         # the fields in one read: they lie within the object's first few
         # hundred bytes, all of it the object's (and all a crash captured)
-        lo = min(off for _, off, _ in fields)
-        span = self.mem.read(addr + lo, max(off + struct.calcsize(fmt) for _, off, fmt in fields) - lo)
-        f = {k: struct.unpack_from(fmt, span, off - lo)[0] for k, off, fmt in fields}
+        lo = self.fields_lo
+        span = self.mem.read(addr + lo, self.fields_len)
+        f = {k: struct.unpack_from(fmt, span, off - lo)[0] for k, off, fmt in self.fields}
         if self.code_type and f["type"] != self.code_type:
             return None         # not a code object (3.13 shims, a torn read)
         return CodeInfo(self.read_str(f["name"]), self.read_str(f["file"]), f["first"],
