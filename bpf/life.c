@@ -43,8 +43,11 @@ static __always_inline void born_thread(struct control_t *ctl, u32 tid, u32 tgid
 {
     struct thread_t fresh = {};
     fresh.tgid = tgid;
-    fresh.flags = ctl->start_ns ? TH_BORN : 0;
-    if (ctl->start_ns && ctl->fold) {
+    /* (the start is written ahead of its instant: one born before it was
+     * there at the start) */
+    int born = ctl->start_ns && bpf_ktime_get_ns() >= ctl->start_ns;
+    fresh.flags = born ? TH_BORN : 0;
+    if (born && ctl->fold) {
         /* its keys held for the kernel's fold from its first event on */
         int zero = 0;
         struct held_t *blank = held_zero.lookup(&zero);
@@ -160,9 +163,17 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
     if (ctl && is_target(ctl, tgid)) {
         struct thread_t *th = threads.lookup(&tid);
         u64 now = bpf_ktime_get_ns();
-        if (th && !(th->flags & TH_EXITED) && recording_at(ctl, now)) {
-            th->exit_ts = now;
-            th->flags |= TH_EXITING;
+        if (th && !(th->flags & TH_EXITED)) {
+            if (!ctl->start_ns || now < ctl->start_ns) {
+                /* ended before the start: none of it is in the recording
+                 * (were its entry kept, a thread that is gone would be
+                 * there all along; its last switch-out, should it come
+                 * after the start, makes one again for its last us) */
+                threads.delete(&tid);
+            } else if (recording_at(ctl, now)) {
+                th->exit_ts = now;
+                th->flags |= TH_EXITING;
+            }
         }
     }
     if (!last_thread_exits(ctx))

@@ -43,7 +43,7 @@ from .recording import (LOST_PYTHON, NATIVE_ID_BASE, Batch, Options, PyStack, Re
 from ..native import symbols
 from ..native.unwind import loader as unwind_loader
 from ..targets.processes import Targets
-from ..kernel.procfs import cpu_times, rss_kib
+from ..kernel.procfs import cpu_times, rss_kib, wall_time_of
 
 # memo_stats' slots (bpf/memo.c): how each switch-out's native stack was found
 MEMO_STATS = {n.lower(): bpfdefs.value("MEMO_" + n) for n in
@@ -55,6 +55,7 @@ POLL_MS = 50                        # the loop's longest wait for BPF's records 
 IDLE_POLL_MS = 250                  # ... while nothing waits for it (_poll_ms): each turn costs
                                     # ~0.25 ms of CPU here, 0.5% of a core at 20 turns a second
 TH = bpfdefs.TH
+EDGE_LEAD_NS = 20_000_000           # the window's edges are written this far ahead (_mark_edge)
 GRACE_S = 0.003                     # a BPF program runs for microseconds: after a flip of
                                     # control.gen (or the end mark) none still uses the old value
 
@@ -459,11 +460,10 @@ class Session(SessionSetup):
             # a target that ended before BPF was attached left no exit event
             targets.check_liveness()
         # The recording starts once every target and thread is registered.
-        self._start_ns = self.accounts.start_ns = time.monotonic_ns()
+        self._start_ns = self.accounts.start_ns = self._mark_edge("start_ns")
+        rec.start_time = wall_time_of(self._start_ns)
         self._cpu_at_start = cpu_times()    # the machine's busy and stolen time (the summary's steal)
-        self._write_control(start_ns=self._start_ns)
-        start_mono = self._t0 = time.monotonic()
-        rec.start_time = time.time()
+        start_mono = self._t0 = self._start_ns / 1e9
         if o.async_tasks:
             from .tasks import TaskSampler
             self._tasks = TaskSampler(lambda: [(t.pid, t.python) for t in targets if not t.exited],
@@ -483,7 +483,8 @@ class Session(SessionSetup):
             if self.started:
                 self.started()
             last_drain = start_mono
-            deadline = start_mono + o.duration if o.duration else None
+            # (the end is marked EDGE_LEAD_NS after the stop: see _mark_edge)
+            deadline = start_mono + o.duration - EDGE_LEAD_NS / 1e9 if o.duration else None
             while self.stop_reason is None:
                 self.bpf.perf_buffer_poll(timeout=targets.poll_timeout_ms(
                     self._poll_ms(time.monotonic(), last_drain, deadline)))
@@ -513,6 +514,26 @@ class Session(SessionSetup):
         self._finish(start_mono)
         yield Batch(rec.duration_s, final=True)
 
+    def _mark_edge(self, field: str) -> int:
+        """Mark the window's start or end (control's start_ns or end_ns) for
+        BPF at an instant EDGE_LEAD_NS ahead, and wait for it to come.  BPF
+        has the value before the instant, so it puts each event on the side
+        of the edge its own clock says, and the window is exact.  Marked at
+        the instant it is written instead, an edge reached BPF as late as the
+        write (a syscall, which waits milliseconds where the hypervisor takes
+        the CPU): a thread's exit in between was kept past the end, and one at
+        the start was lost.  A write later than the lead is said."""
+        at = time.monotonic_ns() + EDGE_LEAD_NS
+        self._write_control(**{field: at})
+        late = time.monotonic_ns() - at
+        if late > 0:
+            edge = "start" if field == "start_ns" else "end"
+            self.rec.notices.append(f"the recording's {edge} reached BPF {late / 1e6:.1f} ms after it: "
+                                    f"events that close to the {edge} may be on its wrong side")
+        while (left := at - time.monotonic_ns()) > 0:
+            time.sleep(left / 1e9)
+        return at
+
     def _poll_ms(self, now: float, last_drain: float, deadline: Optional[float]) -> int:
         """The loop's longest wait now: POLL_MS while something waits for
         its turns (tables made or loaded a turn at a time, programs still
@@ -536,12 +557,11 @@ class Session(SessionSetup):
         # a wait's stack only when it ends (--off-cpu sampled)
         open_waits = self.blocked.read_open_waits() if rec.offcpu == "sampled" else {}
         self.blocked.read_python_names()
-        self._end_ns = self.accounts.end_ns = time.monotonic_ns()
+        self._end_ns = self.accounts.end_ns = self._mark_edge("end_ns")
         cpu_at_end = cpu_times()
         if self._cpu_at_start is not None and cpu_at_end is not None:
             rec.cpu_steal = (cpu_at_end.busy_s - self._cpu_at_start.busy_s,
                              cpu_at_end.steal_s - self._cpu_at_start.steal_s)
-        self._write_control(end_ns=self._end_ns)
         if self._fold_loader is not None:
             self._fold_loader.join()    # a short recording: the program goes with the rest
         self._unwinder_ready(wait=True)

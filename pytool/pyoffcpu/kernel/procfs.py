@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Dict, List, NamedTuple, Optional
 
 
@@ -147,3 +148,17 @@ def cpu_times() -> Optional[CpuTimes]:
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
     hz = os.sysconf("SC_CLK_TCK")
     return CpuTimes((user + nice + system + irq + softirq + steal) / hz, steal / hz)
+
+
+def wall_time_of(monotonic_ns: int) -> float:
+    """The unix time of an instant of CLOCK_MONOTONIC: the two clocks read
+    side by side, the closest of three pairs (a pair far apart was
+    interrupted between its reads)."""
+    best_gap, offset = None, 0
+    for _ in range(3):
+        before = time.monotonic_ns()
+        wall = time.time_ns()
+        after = time.monotonic_ns()
+        if best_gap is None or after - before < best_gap:
+            best_gap, offset = after - before, wall - (before + after) // 2
+    return (monotonic_ns + offset) / 1e9
