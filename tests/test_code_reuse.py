@@ -40,7 +40,9 @@ def test_each_generation_has_its_own_name(tmp_path, bpf, label):
     run = subprocess.run(pyoffcpu_cmd("-o", str(out), "--", *workload_argv(label)), env=env(),
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    ids = [int(line) for line in run.stdout.split()]
+    lines = run.stdout.splitlines()
+    ids = [int(line) for line in lines if not line.startswith("took ")]
+    took = [float(line.split()[1]) for line in lines if line.startswith("took ")]
     assert len(ids) == GENERATIONS, run.stdout
     assert len(set(ids)) < GENERATIONS, "no code object took a freed one's address: the test proves nothing"
     prof = from_folded(out.read_text())
@@ -58,9 +60,12 @@ def test_each_generation_has_its_own_name(tmp_path, bpf, label):
     assert sorted(by_name) == ["spin_%02d" % i for i in range(GENERATIONS)], by_name
     # spin_00 runs while the interpreter is being found (its first samples
     # may have no Python frames); every later one within the sampling error
+    # of its time on a CPU: SECONDS of CPU as the process counts it, up to
+    # its wall time where the hypervisor stole some (CI's run on 70d6eff:
+    # spin_02 0.263 s of on-CPU time, all under its own name)
     for i in range(1, GENERATIONS):
         got = by_name["spin_%02d" % i] / 1e9
-        assert 0.7 * SECONDS <= got <= 1.3 * SECONDS, ("spin_%02d" % i, got, by_name)
+        assert 0.7 * SECONDS <= got <= 1.3 * took[i], ("spin_%02d" % i, got, took[i], by_name)
 
 
 def test_every_known_layout_is_stamped_in_full():
