@@ -108,8 +108,12 @@ def test_a_thread_that_ended_before_the_start_is_not_in_the_recording(mode, bpf)
     time blocked."""
     rec, ends, pid = record_churn("pyenv-3.12", 0.001, 0.0005, 4.0, duration=1.0, mode=mode, fold_threads=False)
     churn = {tid: t for tid, t in rec.threads.items() if tid > 0 and tid != pid}
-    # (a thread logs its end microseconds before its exit)
-    assert not [tid for tid in churn if ends.get(tid, 1e18) < rec.start_time - 0.001]
+    # One that logged its end before the start may still have exited after
+    # it (its last steps take microseconds, milliseconds where the
+    # hypervisor takes the CPU; CI saw one): then it is there with those
+    # last moments, ended, and no more.
+    early = {tid: t for tid, t in churn.items() if ends.get(tid, 1e18) < rec.start_time}
+    assert all(t.exited and t.last_ns < 50e6 for t in early.values()), early
     # alive at the end: the one churn thread then, at most
     assert len([tid for tid, t in churn.items() if not t.exited]) <= 1, sorted(churn)
     assert len(churn) > 200
