@@ -79,7 +79,7 @@ static __always_inline u64 fold_ns(struct fold_state *fs, u32 i, u32 kind, u64 n
 }
 
 /* Tail-called by sched_switch at the last switch of a thread whose keys are
- * held (TH_HELD): its keys leave GEN_HELD.  Folded (FOLD_WALL / FOLD_OFFCPU):
+ * held (TH_HELD): its keys leave its held_keys entry for agg.  Folded (FOLD_WALL / FOLD_OFFCPU):
  * each under its group's tid, the on-CPU ones scaled to the thread's exact
  * on-CPU time, and the thread's times added to the group; its thread entry
  * goes.  Not folded (a key did not fit, times too long for the scaling, no
@@ -111,14 +111,14 @@ int fold_exit(struct bpf_raw_tracepoint_args *ctx)
     for (i = 0; i < MAX_HELD; i++) {
         if (i >= n)
             break;
-        struct stack_value *v = agg.lookup(&h->keys[i]);
         u32 j = i & (MAX_HELD - 1);
-        fs->count[j] = v ? v->count : 0;
-        fs->ns[j] = v ? v->ns : 0;
-        if (!v || !is_on_cpu(h->keys[i].kind))
+        u64 count = h->vals[j].count, ns = h->vals[j].ns;
+        fs->count[j] = count;
+        fs->ns[j] = ns;
+        if (!is_on_cpu(h->keys[j].kind))
             continue;
-        fs->total += v->ns;
-        fs->samples += v->count;
+        fs->total += ns;
+        fs->samples += count;
         fs->last_on = i;
     }
     int fold = mode && !h->overflow && fs->exact < FOLD_SCALE_MAX && fs->total < FOLD_SCALE_MAX;
@@ -135,7 +135,7 @@ int fold_exit(struct bpf_raw_tracepoint_args *ctx)
         u32 j = i & (MAX_HELD - 1);
         u64 py = h->keys[j].pystack;
         if (!fs->count[j] && !fs->ns[j])
-            continue;                   /* gone (cannot happen: the thread's own) */
+            continue;                   /* (an on-CPU key made, nothing added yet) */
         s64 ns = fold_ns(fs, i, h->keys[j].kind, fs->ns[j]);
         if (!py)
             continue;
@@ -167,7 +167,6 @@ int fold_exit(struct bpf_raw_tracepoint_args *ctx)
             continue;
         struct stack_key d;
         __builtin_memcpy(&d, &h->keys[j], sizeof(d));
-        agg.delete(&d);
         d.gen = gen;
         if (own)
             agg_add(&d, count, ns);

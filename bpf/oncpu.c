@@ -80,10 +80,49 @@ static __always_inline int is_target(struct control_t *ctl, u32 tgid)
     return 0;
 }
 
+/* A held key's place in its thread's held_keys entry: looked for in
+ * HELD_PROBES slots of the entry's index from its hash's (linear probing;
+ * nothing is ever taken out of an index, so a key is in the first free
+ * slot's run or nowhere), and put in the first free one if not there.
+ * Its place, or MAX_HELD: not there and no room (a full index run, or
+ * MAX_HELD keys already). */
+static __always_inline u32 held_place(struct held_t *h, struct stack_key *key)
+{
+    u64 *w = (u64 *)key;
+    u64 x = w[0];
+    x = x * 0x9E3779B97F4A7C15ULL + w[1];
+    x = x * 0x9E3779B97F4A7C15ULL + w[2];
+    x = x * 0x9E3779B97F4A7C15ULL + w[3];
+    x = x * 0x9E3779B97F4A7C15ULL + w[4];
+    u32 at = (u32)(x >> 40);
+#pragma clang loop unroll(disable)
+    for (int p = 0; p < HELD_PROBES; p++) {
+        u32 s = (at + p) & (HELD_SLOTS - 1);
+        u32 i = h->slot[s];
+        if (i == 0) {
+            u32 n = h->n;
+            if (n >= MAX_HELD)
+                return MAX_HELD;
+            n &= MAX_HELD - 1;
+            __builtin_memcpy(&h->keys[n], key, sizeof(*key));
+            h->vals[n].count = 0;
+            h->vals[n].ns = 0;
+            h->n = n + 1;
+            h->slot[s] = n + 1;
+            return n;
+        }
+        u64 *o = (u64 *)&h->keys[(i - 1) & (MAX_HELD - 1)];
+        if (o[0] == w[0] && o[1] == w[1] && o[2] == w[2] && o[3] == w[3] && o[4] == w[4])
+            return (i - 1) & (MAX_HELD - 1);
+    }
+    return MAX_HELD;
+}
+
 /* Add count events of ns to the key's entry.  A thread whose keys are held
- * for the kernel's fold (held_keys) keeps them in GEN_HELD, listed in the
- * order they are made; the one that would not fit ends the holding (the
- * thread goes to user space, the keys made from then on to the drains). */
+ * for the kernel's fold (held_keys) keeps them and their times in its
+ * entry there (gen GEN_HELD); the one that would not fit ends the holding
+ * (the thread goes to user space, the keys made from then on to agg and
+ * the drains). */
 static __always_inline void add_time_n(struct stack_key *key, u64 count, u64 ns)
 {
     int zero = 0;
@@ -91,36 +130,26 @@ static __always_inline void add_time_n(struct stack_key *key, u64 count, u64 ns)
     if (!ctl)
         return;
     key->gen = ctl->gen;
-    struct held_t *h = 0;
     if (ctl->fold) {
         u32 tid = key->tid;
-        h = held_keys.lookup(&tid);
-        if (h && !h->overflow)
+        struct held_t *h = held_keys.lookup(&tid);
+        if (h && !h->overflow) {
             key->gen = GEN_HELD;
-    }
-    struct stack_value *v = agg.lookup(key);
-    if (!v) {
-        if (h && key->gen == GEN_HELD && h->n >= MAX_HELD) {
+            u32 i = held_place(h, key);
+            if (i < MAX_HELD) {
+                __sync_fetch_and_add(&h->vals[i].count, count);
+                __sync_fetch_and_add(&h->vals[i].ns, ns);
+                return;
+            }
             h->overflow = 1;
             key->gen = ctl->gen;
-            v = agg.lookup(key);
         }
     }
+    struct stack_value init = {};
+    struct stack_value *v = agg.lookup_or_try_init(key, &init);
     if (!v) {
-        struct stack_value init = {};
-        int made = agg.insert(key, &init) == 0;
-        v = agg.lookup(key);
-        if (!v) {
-            count_drop_ns(DROP_AGG_FULL, ns);
-            return;
-        }
-        if (made && h && key->gen == GEN_HELD) {
-            u32 n = h->n;
-            if (n < MAX_HELD) {
-                __builtin_memcpy(&h->keys[n & (MAX_HELD - 1)], key, sizeof(*key));
-                h->n = n + 1;
-            }
-        }
+        count_drop_ns(DROP_AGG_FULL, ns);
+        return;
     }
     __sync_fetch_and_add(&v->count, count);
     __sync_fetch_and_add(&v->ns, ns);

@@ -81,7 +81,7 @@ BPF_PERF_OUTPUT(timeline);          /* struct timeline_event: --timeline */
 /* Waits left out by --min-block-us / --max-block-us: 0 how many, 1 their ns. */
 BPF_PERCPU_ARRAY(block_filtered, u64, 2);
 /* The kernel's fold of ended threads (pyoffcpu.h, fold_exit). */
-/* preallocated (an insert at every thread's birth; 5 MiB): more live
+/* preallocated (an insert at every thread's birth; 7.3 MiB): more live
  * threads born in the recording than entries are left to user space */
 BPF_HASH(held_keys, u32, struct held_t, 4096);
 BPF_ARRAY(held_zero, struct held_t, 1);    /* never written: a fresh held_t */

@@ -234,16 +234,20 @@ struct control_t {
  * at their last switch (fold_exit), into one group per process, entry stack
  * and name; user space reads groups, not threads (it folds the same way the
  * threads the kernel does not: see pytool/pyoffcpu/collect/accounting.py).
- * Until it ends, a thread's keys in agg carry gen GEN_HELD (the drains leave
- * them) and are listed in its held_keys entry, MAX_HELD at most: one more
- * and it is left to user space, as is one whose times are too long for the
- * kernel's 64-bit scaling (FOLD_SCALE_MAX). */
+ * Until it ends, a thread's keys (gen GEN_HELD) and their times are kept in
+ * its held_keys entry, not in agg (a key there cost four map operations
+ * more: made, looked up, looked up at the fold and deleted), MAX_HELD at
+ * most: one more and it is left to user space, as is one whose times are
+ * too long for the kernel's 64-bit scaling (FOLD_SCALE_MAX).  User space
+ * reads the entries of the threads still there at the end. */
 #define FOLD_WALL       1           /* fold, on-CPU keys scaled to the exact on-CPU time */
 #define FOLD_OFFCPU     2           /* fold, --mode off: no on-CPU time */
 #define FOLD_SHADOW     4           /* tests: the threads are also left to user space */
 #define FOLD_MODE_MASK  3
 #define GEN_HELD        2           /* stack_key.gen of a key its live thread holds */
 #define MAX_HELD        32          /* power of two */
+#define HELD_SLOTS      64          /* held_t.slot: twice MAX_HELD, a power of two */
+#define HELD_PROBES     8           /* a key is looked for in this many slots from its hash's */
 #define GROUP_TID       0x80000000U /* stack_key.tid of a group's key: | its id */
 #define FOLD_SCALE_MAX  (1ULL << 32)
 #define USTACK_UNSAMPLED (-1000)    /* stack_key.ustack: on-CPU time no sample landed in */
@@ -255,6 +259,8 @@ struct held_t {
     unsigned int n;                 /* keys listed */
     unsigned int overflow;          /* a key did not fit: user space folds this thread */
     struct stack_key keys[MAX_HELD];    /* in the order they were made */
+    struct stack_value vals[MAX_HELD];  /* ... and their times */
+    unsigned char slot[HELD_SLOTS]; /* an index: 1 + a key's place in keys, at its hash (0: free) */
 };
 /* A group: a process, the Python stack its threads spent the most time in
  * (0: none), their name. */

@@ -99,3 +99,41 @@ def test_default_folds_in_the_kernel_and_keep_tids_keeps_each_thread(tmp_path, b
     assert len(singles) < 20                   # the server, its clients, the ticker, the main thread
     singles, groups = found["--keep-tids"]
     assert not groups and len(singles) > 500, (len(singles), groups)
+
+
+@pytest.mark.parametrize("keys", [24, 40])
+def test_threads_with_many_keys_fold_exactly(keys, bpf, monkeypatch):
+    """A thread's keys are held in its held_keys entry, found through a
+    small index by their hash: 24 keys a thread (three quarters of
+    MAX_HELD, many sharing index runs) fold in the kernel, each to the
+    nanosecond as user space folds them; 40 (more than MAX_HELD) are left
+    to user space, and are exact all the same."""
+    from pyoffcpu.collect import platform as plat
+    from pyoffcpu.collect.recording import Options
+    from pyoffcpu.collect.session import Session
+    monkeypatch.setenv("PYOFFCPU_FOLD", "shadow")
+    w = Workload(python_or_skip("pyenv-3.12"), "thread_keys.py", keys, SECONDS, DELAY)
+    try:
+        rec = Session(Options(pids=[w.pid], duration=DELAY + SECONDS, mode="wall"), plat.probe()).run()
+    finally:
+        w.stop()
+    user = {gid: t for gid, t in rec.threads.items() if gid < 0}
+    ended = sum(t.threads for t in user.values() if t.entry.startswith("many_keys"))
+    assert ended >= 20, user
+    if keys <= bpfdefs.value("MAX_HELD"):
+        assert rec.kernel_folded > 0.8 * ended, (ended, rec.kernel_folded)
+    else:
+        assert rec.kernel_folded <= 1, (ended, rec.kernel_folded)     # (the thread that ends at once)
+    waits = collections.Counter()
+    for k, (count, ns) in rec.stacks.items():
+        if k[1] < 0 and not bpfdefs.on_cpu(k[5]) and k[4]:
+            waits[k[4]] += count
+    # every waiter's 12 ms under its own stack, once a thread
+    assert len([h for h, n in waits.items() if n >= ended]) >= keys, (keys, ended, waits)
+    assert set(rec.kernel_threads) == set(user)
+    for gid, t in user.items():
+        k = rec.kernel_threads[gid]
+        assert (k.threads, k.on_ns, k.samples, k.first_ns, k.last_ns, k.entry) == \
+            (t.threads, t.on_ns, t.samples, t.first_ns, t.last_ns, t.entry), gid
+    assert {k: v for k, v in rec.kernel_stacks.items() if not bpfdefs.on_cpu(k[5])} == \
+        {k: v for k, v in rec.stacks.items() if k[1] < 0 and not bpfdefs.on_cpu(k[5])}

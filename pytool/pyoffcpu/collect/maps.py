@@ -95,6 +95,19 @@ def items(table) -> list:
         return list(table.items())
 
 
+def held_times(table) -> List[tuple]:
+    """The keys and times held for the kernel's fold by the threads still
+    there (held_keys, bpf/fold.c), as _take_agg's tuples (tgid, tid,
+    ustack, kstack, pystack, kind, nstack, count, ns)."""
+    out = []
+    for _, h in items(table):
+        for i in range(min(h.n, len(h.keys))):
+            k, v = h.keys[i], h.vals[i]
+            if v.count or v.ns:
+                out.append((k.tgid, k.tid, k.ustack, k.kstack, k.pystack, k.kind, k.nstack, v.count, v.ns))
+    return out
+
+
 def delete_all(table, keys) -> None:
     """Delete keys (a list of keys, or a ctypes array of them) from a BPF
     map, batched; one already gone is no error."""

@@ -34,7 +34,7 @@ from .accounting import ThreadAccounts
 from ..kernel.bpfdefs import GROUP_TID
 from .launch import Launcher
 from .maps import (AGG_KEY_FIELDS, AGG_VALUE_FIELDS, GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, WAKE_KEY_FIELDS,
-                   delete_all, fdinfo, items, pystack_type, take_generation, walk_stack)
+                   delete_all, fdinfo, held_times, items, pystack_type, take_generation, walk_stack)
 from .platform import Platform
 from .preexisting import BlockedThreads
 from .sessionsetup import SessionSetup
@@ -165,6 +165,8 @@ class Session(SessionSetup):
         taken = [(tgid, tid, ustack, kstack, pystack, kind, nstack, count, ns)
                  for (tgid, tid, ustack, kstack, pystack, kind, _gen, nstack), (count, ns)
                  in take_generation(self.bpf["agg"], AGG_KEY_FIELDS, AGG_VALUE_FIELDS, final, old)]
+        if final and "held_keys" in self.bpf:
+            taken.extend(held_times(self.bpf["held_keys"]))
         if self.accounts.kernel_fold:
             # the kernel's folds of the same generation, and the ids of their groups
             records = take_generation(self.bpf["groups"], GROUP_KEY_FIELDS, GROUP_VALUE_FIELDS, final, old)
