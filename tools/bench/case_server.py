@@ -26,25 +26,33 @@ SERVER_PROFILERS = ("pyoffcpu --mode wall", EXACT, TIMELINE, "pyoffcpu --mode cp
 ALONE = "alone"
 
 
+PINNED = " (server and client pinned to a CPU each)"
+
+
 def server_measure(tools: Tools, prof: Optional[Profiler], seconds: float, clients: int, tag: str,
-                   with_stats: bool = False) -> dict:
+                   with_stats: bool = False, pinned: bool = False) -> dict:
     """A fresh ThreadingHTTPServer, a client in another process as fast as it
     goes, `prof` attached (None: alone) before a window of `seconds`: the
     requests/s the server answered in the window, the profiler's CPU seconds
     in it (and its BPF programs' run counts and times with_stats), then the
-    profiler stopped (SIGINT, its file written)."""
-    srv = Proc([tools.python, THREADSERVER, "server"], stdin=True)
+    profiler stopped (SIGINT, its file written).  pinned: the server on one
+    CPU and the client on another (taskset), so that no request's thread is
+    woken across CPUs: on a 2-vCPU KVM guest each such wake-up makes the
+    programs that run after it cost 2-4 times as much (docs/overhead.md)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = (lambda i: ["taskset", "-c", str(cpus[i])]) if pinned else (lambda i: [])
+    srv = Proc(pin(0) + [tools.python, THREADSERVER, "server"], stdin=True)
     cli = p = stats = None
     out_base = os.path.join(tools.outdir, tag)
     try:
         port = int(srv.expect("ready ", 30).split()[1])
-        cli = Proc([tools.python, THREADSERVER, "client", str(port), "--rate", "0",
-                    "--seconds", f"{seconds + 900:g}", "--threads", str(clients)])
+        cli = Proc(pin(1) + [tools.python, THREADSERVER, "client", str(port), "--rate", "0",
+                             "--seconds", f"{seconds + 900:g}", "--threads", str(clients)])
         time.sleep(SERVER_WARMUP_S)
         if not server_stats(srv)["served"]:
             raise RuntimeError(f"the server answered nothing in {SERVER_WARMUP_S:g} s "
                                f"(client: {cli.stderr_tail()})")
-        m = {"profiler": prof.label if prof else ALONE}
+        m = {"profiler": (prof.label if prof else ALONE) + (PINNED if pinned else "")}
         if prof:
             p = Proc(prof.argv(srv.pid, out_base), merge=prof.merge, env=tools.env if prof.pyoffcpu else None)
             t_ready = p.wait_err(prof.ready, 120)
@@ -135,18 +143,22 @@ def server_case(tools: Tools, res: Results, seconds: float, rounds: int, clients
                 log(f"case 10 round {i + 1} {label}: FAILED: {e}")
         out["per_round"].append(this)
     if tools.sysctl is not None and tools.sysctl.available:
-        for label in configs:
+        # each pyoffcpu mode once; wall mode once more with the server and
+        # its client pinned apart (where there are two CPUs)
+        pin_too = "pyoffcpu --mode wall" if len(os.sched_getaffinity(0)) >= 2 else None
+        for label, pinned in [(c, False) for c in configs] + [(pin_too, True)]:
             prof = P.get(label)
             if not prof or not prof.stats:
                 continue
             try:
                 tools.sysctl.on()
                 try:
-                    m = server_measure(tools, prof, seconds, clients, "c10-stats", with_stats=True)
+                    m = server_measure(tools, prof, seconds, clients, "c10-stats", with_stats=True,
+                                       pinned=pinned)
                 finally:
                     tools.sysctl.off()
                 out["stats"].append(m)
-                log(f"case 10 BPF run times under {label} ({m['rate']:.0f} requests/s): "
+                log(f"case 10 BPF run times under {m['profiler']} ({m['rate']:.0f} requests/s): "
                     + ", ".join(f"{prog_label(k)} {c} runs {ns / max(1, c):.0f} ns"
                                 for k, (c, ns) in sorted(m["progs"].items()) if c))
             except Exception as e:                              # noqa: BLE001
