@@ -31,7 +31,7 @@ from ..kernel import bpfdefs
 from ..kernel.bpfdefs import BPF_DIR
 from ..kernel.memory import WordReads
 from .maps import bpf_source, fdinfo
-from ..cpython.code import code_fields
+from ..cpython.code import code_fields, code_span
 
 V = bpfdefs.value
 CR_MAIN, CR_STACK, CR_PYSTACK, CR_MEM, CR_END = (V(n) for n in ("CR_MAIN", "CR_STACK", "CR_PYSTACK",
@@ -163,9 +163,8 @@ def code_layout(pp) -> Dict[str, int]:
     o = pp.offsets
     read = code_fields(o)
     name = next(off for what, off, _ in read if what == "name")
-    fields = [(off, struct.calcsize(fmt)) for _, off, fmt in read]
-    span = max(off + size for off, size in fields)
-    for off, _ in fields[1:]:
+    _, span = code_span(read)
+    for _, off, _ in read[1:]:
         if off < 0 or off + 8 > CR_CODE_MAX:
             raise ValueError(f"code object field at {off}: out of the copy's reach")
     return {"code_span": span, "code_name": name, "code_filename": o["code_filename"],

@@ -124,6 +124,13 @@ def code_fields(o: Dict[str, int]) -> List[Tuple[str, int, str]]:
     return fields
 
 
+def code_span(fields: List[Tuple[str, int, str]]) -> Tuple[int, int]:
+    """(lowest offset, end) of code_fields: CodeReader reads that span in
+    one read, and a crash capture copies a code object up to its end."""
+    return (min(off for _, off, _ in fields),
+            max(off + struct.calcsize(fmt) for _, off, fmt in fields))
+
+
 class CodeReader:
     """Reads PyCodeObjects and str/bytes of one process: of a running one,
     a code object read without BPF's stamp is stamped as it is read; of a
@@ -141,8 +148,8 @@ class CodeReader:
         self.cache: Dict[Tuple[int, int], Optional[CodeInfo]] = {}   # (address, stamp)
         # the code object's fields, read in one span from its lowest (_read_code)
         self.fields = code_fields(offsets)
-        self.fields_lo = min(off for _, off, _ in self.fields)
-        self.fields_len = max(off + struct.calcsize(fmt) for _, off, fmt in self.fields) - self.fields_lo
+        self.fields_lo, end = code_span(self.fields)
+        self.fields_len = end - self.fields_lo
 
     def stamp(self, addr: int) -> int:
         """The stamp of the code object at addr now (0: unreadable; always 0
