@@ -135,7 +135,7 @@ int fold_exit(struct bpf_raw_tracepoint_args *ctx)
         u32 j = i & (MAX_HELD - 1);
         u64 py = h->keys[j].pystack;
         if (!fs->count[j] && !fs->ns[j])
-            continue;                   /* (an on-CPU key made, nothing added yet) */
+            continue;                   /* (made by an add of nothing: 0 events, 0 ns) */
         s64 ns = fold_ns(fs, i, h->keys[j].kind, fs->ns[j]);
         if (!py)
             continue;
